@@ -1,0 +1,1 @@
+"""The benchmark against torch DataLoader and webdataset."""

@@ -1,0 +1,1 @@
+"""Tar/WebDataset shards: member index, decoders, transforms, writer."""

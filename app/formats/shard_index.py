@@ -1,0 +1,150 @@
+"""The member index of one tar shard, grouped into WebDataset samples.
+
+Workers ``mmap`` a shard and slice members by offset; the index is what lets
+them do that without parsing tar headers on the hot path. It is built once per
+shard (by the sampler when it publishes, or lazily by a worker) and stored as
+JSON next to the shard as ``<shard>.idx`` — never pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tarfile
+from dataclasses import dataclass
+
+INDEX_VERSION = 1
+INDEX_SUFFIX = ".idx"
+
+# WebDataset's rule: the key is the path up to the first dot of the last
+# component; the rest (possibly with more dots, "seg.png") is the extension.
+_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+
+
+class ShardError(Exception):
+    """A shard that cannot be read at all (not a tar, truncated, unreadable)."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"shard {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample: its key and, per field extension, the member's (offset, size)."""
+
+    key: str
+    fields: dict[str, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    path: str
+    shard_bytes: int
+    samples: list[Sample]
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(size for s in self.samples for _, size in s.fields.values())
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "version": INDEX_VERSION,
+                "shard_bytes": self.shard_bytes,
+                "samples": [
+                    [s.key, [[ext, off, size] for ext, (off, size) in s.fields.items()]]
+                    for s in self.samples
+                ],
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, path: str, text: str) -> "ShardIndex":
+        doc = json.loads(text)
+        if doc.get("version") != INDEX_VERSION:
+            raise ValueError(f"unsupported index version {doc.get('version')!r}")
+        samples = [
+            Sample(key, {ext: (int(off), int(size)) for ext, off, size in fields})
+            for key, fields in doc["samples"]
+        ]
+        return cls(path, int(doc["shard_bytes"]), samples)
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """Split a member name into (key, extension); None for names without one."""
+    m = _KEY_EXT.match(name)
+    if m is None:
+        return None
+    return m.group(1), m.group(2).lower()
+
+
+def build_index(path: str) -> ShardIndex:
+    """Scan the tar headers of ``path`` (ustar, GNU and pax all read the same)."""
+    try:
+        shard_bytes = os.stat(path).st_size
+    except OSError as exc:
+        raise ShardError(path, f"cannot stat: {exc.strerror}") from None
+    samples: list[Sample] = []
+    key: str | None = None
+    fields: dict[str, tuple[int, int]] = {}
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            for info in tar:
+                if not info.isfile():
+                    continue
+                if info.offset_data + info.size > shard_bytes:
+                    raise ShardError(
+                        path,
+                        f"truncated: member {info.name!r} needs bytes up to "
+                        f"{info.offset_data + info.size}, the file has {shard_bytes}",
+                    )
+                parts = split_key(info.name)
+                if parts is None or os.path.basename(parts[0]).startswith("__"):
+                    continue
+                k, ext = parts
+                if k != key or ext in fields:
+                    if key is not None and fields:
+                        samples.append(Sample(key, fields))
+                    key, fields = k, {}
+                fields[ext] = (info.offset_data, info.size)
+    except tarfile.TarError as exc:
+        raise ShardError(path, f"not a readable tar file ({exc})") from None
+    except OSError as exc:
+        raise ShardError(path, f"read failed: {exc}") from None
+    if key is not None and fields:
+        samples.append(Sample(key, fields))
+    if not samples and shard_bytes > 0:
+        raise ShardError(path, "holds no samples (no member has a key.extension name)")
+    return ShardIndex(path, shard_bytes, samples)
+
+
+def index_path(shard_path: str) -> str:
+    return shard_path + INDEX_SUFFIX
+
+
+def write_index(index: ShardIndex, dest: str | None = None) -> str:
+    """Write the index atomically (temp + rename) so readers never see half of it."""
+    dest = dest or index_path(index.path)
+    tmp = f"{dest}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(index.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, dest)
+    return dest
+
+
+def load_index(path: str) -> ShardIndex:
+    """The stored index when it matches the shard's size, else a fresh scan."""
+    try:
+        with open(index_path(path)) as f:
+            index = ShardIndex.from_json(path, f.read())
+        if index.shard_bytes == os.stat(path).st_size:
+            return index
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return build_index(path)

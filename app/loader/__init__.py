@@ -1,0 +1,1 @@
+"""The staging loader: worker processes, the shared-memory ring, transfer threads."""

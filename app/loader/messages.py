@@ -1,0 +1,72 @@
+"""The wire format between the trainer process and its workers.
+
+Only small integers and per-batch counters cross the process boundary, packed
+with ``struct``; the rare epoch command is JSON. Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+# Labels of feedline_sample_errors_total{reason}; the order is the wire order.
+ERROR_REASONS = ("corrupt", "too_large", "missing_field", "shape_mismatch", "bad_shard", "evicted", "worker_crash")
+
+EPOCH = b"E"  # parent -> worker: JSON epoch plan; abandons any earlier epoch
+FILL = b"F"  # parent -> worker: fill this slot with your next batch
+STOP = b"S"  # parent -> worker: exit
+DONE = b"D"  # worker -> parent: slot filled with n samples
+END = b"N"  # worker -> parent: stream exhausted, slot returned unused
+FATAL = b"X"  # worker -> parent: JSON {"message"}: cannot go on
+
+_FILL = struct.Struct("<III")
+_RESULT = struct.Struct("<IIIIqQQQ" + "I" * len(ERROR_REASONS))
+
+
+def encode_epoch(plan: dict[str, Any]) -> bytes:
+    return EPOCH + json.dumps(plan).encode()
+
+
+def encode_fill(epoch: int, slot: int, batch: int) -> bytes:
+    return FILL + _FILL.pack(epoch, slot, batch)
+
+
+def decode_fill(msg: bytes) -> tuple[int, int, int]:
+    return _FILL.unpack_from(msg, 1)  # type: ignore[return-value]
+
+
+@dataclass
+class BatchResult:
+    """What a worker reports with each slot it hands back."""
+
+    kind: bytes  # DONE or END
+    epoch: int
+    slot: int
+    batch: int  # the worker-local batch number
+    samples: int
+    stream_pos: int  # samples consumed from the worker's stream after this batch
+    decode_ns: int
+    read_bytes: int
+    decoded_bytes: int
+    errors: tuple[int, ...]
+
+    def encode(self) -> bytes:
+        return self.kind + _RESULT.pack(
+            self.epoch, self.slot, self.batch, self.samples, self.stream_pos,
+            self.decode_ns, self.read_bytes, self.decoded_bytes, *self.errors,
+        )
+
+    @classmethod
+    def decode(cls, msg: bytes) -> "BatchResult":
+        v = _RESULT.unpack_from(msg, 1)
+        return cls(msg[:1], v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], tuple(v[8:]))
+
+
+def encode_fatal(message: str) -> bytes:
+    return FATAL + json.dumps({"message": message}).encode()
+
+
+def decode_json(msg: bytes) -> dict[str, Any]:
+    return json.loads(msg[1:])

@@ -1,0 +1,177 @@
+"""The loader's own statistics, named after the metrics they become (DESIGN.md, Metrics).
+
+Updated by the trainer process only (workers send their counters with each
+batch), read by ``StagingLoader.stats()`` and by the metrics exporter.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .messages import ERROR_REASONS
+
+QUEUES = ("free", "decoded", "device")
+BYTE_STAGES = ("read", "decoded", "transferred")
+# Seconds; from a fast local queue hand-off up to a stalled remote store.
+TIME_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class Histogram:
+    """A cumulative-bucket histogram in Prometheus' shape."""
+
+    buckets: tuple[float, ...] = TIME_BUCKETS
+    counts: list[int] = field(default_factory=list)
+    sum: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def copy(self) -> "Histogram":
+        h = Histogram(self.buckets)
+        h.counts, h.sum, h.count = list(self.counts), self.sum, self.count
+        return h
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        out, total = [], 0
+        for bound, n in zip(list(self.buckets) + [float("inf")], self.counts):
+            total += n
+            out.append((bound, total))
+        return out
+
+    def quantile(self, q: float) -> float:
+        """Upper bound of the bucket holding the q-quantile (what histogram_quantile approximates)."""
+        if self.count == 0:
+            return 0.0
+        target = q * self.count
+        for bound, total in self.cumulative():
+            if total >= target:
+                return bound if bound != float("inf") else self.buckets[-1]
+        return self.buckets[-1]
+
+
+@dataclass
+class StarvationWindow:
+    """data wait / (data wait + step) over the last ``seconds`` of steps."""
+
+    seconds: float = 30.0
+    _steps: deque = field(default_factory=deque)  # (t, wait, step)
+    _wait: float = 0.0
+    _step: float = 0.0
+
+    def add(self, now: float, wait: float, step: float) -> None:
+        self._steps.append((now, wait, step))
+        self._wait += wait
+        self._step += step
+        while self._steps and self._steps[0][0] < now - self.seconds:
+            _, w, s = self._steps.popleft()
+            self._wait -= w
+            self._step -= s
+
+    def ratio(self) -> float:
+        total = self._wait + self._step
+        return max(0.0, min(1.0, self._wait / total)) if total > 0 else 0.0
+
+
+@dataclass
+class LoaderStats:
+    """A snapshot; field names follow the metric names without the ``feedline_`` prefix."""
+
+    data_wait_seconds_total: float = 0.0
+    data_wait_seconds: Histogram = field(default_factory=Histogram)
+    step_seconds_total: float = 0.0
+    gpu_starvation_ratio: float = 0.0
+    queue_depth: dict[str, int] = field(default_factory=lambda: dict.fromkeys(QUEUES, 0))
+    queue_capacity: dict[str, int] = field(default_factory=lambda: dict.fromkeys(QUEUES, 0))
+    workers: dict[str, int] = field(default_factory=lambda: {"busy": 0, "idle": 0})
+    samples_total: int = 0
+    batches_total: int = 0
+    bytes_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BYTE_STAGES, 0))
+    h2d_seconds: Histogram = field(default_factory=Histogram)
+    h2d_wait_seconds_total: float = 0.0
+    sample_errors_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_REASONS, 0))
+    worker_restarts_total: int = 0
+    decode_seconds_total: float = 0.0
+    epoch: int = -1
+    started_at: float = field(default_factory=time.monotonic)
+
+
+class StatsRecorder:
+    """The live counters behind ``LoaderStats``; every update takes one short lock."""
+
+    def __init__(self, window_seconds: float = 30.0):
+        self._lock = threading.Lock()
+        self._s = LoaderStats()
+        self._window = StarvationWindow(window_seconds)
+
+    def step(self, wait: float, step: float | None) -> None:
+        with self._lock:
+            s = self._s
+            s.data_wait_seconds_total += wait
+            s.data_wait_seconds.observe(wait)
+            if step is not None:
+                s.step_seconds_total += step
+            self._window.add(time.monotonic(), wait, step or 0.0)
+
+    def batch_done(self, samples: int, read: int, decoded: int, decode_ns: int, errors: tuple[int, ...]) -> None:
+        with self._lock:
+            s = self._s
+            s.samples_total += samples
+            s.bytes_total["read"] += read
+            s.bytes_total["decoded"] += decoded
+            s.decode_seconds_total += decode_ns / 1e9
+            for reason, n in zip(ERROR_REASONS, errors):
+                s.sample_errors_total[reason] += n
+
+    def transferred(self, nbytes: int, seconds: float | None) -> None:
+        with self._lock:
+            self._s.bytes_total["transferred"] += nbytes
+            self._s.batches_total += 1
+            if seconds is not None:
+                self._s.h2d_seconds.observe(seconds)
+
+    def h2d_wait(self, seconds: float) -> None:
+        with self._lock:
+            self._s.h2d_wait_seconds_total += seconds
+
+    def worker_restarted(self) -> None:
+        with self._lock:
+            self._s.worker_restarts_total += 1
+
+    def set_epoch(self, epoch: int) -> None:
+        with self._lock:
+            self._s.epoch = epoch
+
+    def snapshot(self, queue_depth: dict[str, int], queue_capacity: dict[str, int],
+                 workers: dict[str, int]) -> LoaderStats:
+        with self._lock:
+            s = self._s
+            return LoaderStats(
+                data_wait_seconds_total=s.data_wait_seconds_total,
+                data_wait_seconds=s.data_wait_seconds.copy(),
+                step_seconds_total=s.step_seconds_total,
+                gpu_starvation_ratio=self._window.ratio(),
+                queue_depth=dict(queue_depth),
+                queue_capacity=dict(queue_capacity),
+                workers=dict(workers),
+                samples_total=s.samples_total,
+                batches_total=s.batches_total,
+                bytes_total=dict(s.bytes_total),
+                h2d_seconds=s.h2d_seconds.copy(),
+                h2d_wait_seconds_total=s.h2d_wait_seconds_total,
+                sample_errors_total=dict(s.sample_errors_total),
+                worker_restarts_total=s.worker_restarts_total,
+                decode_seconds_total=s.decode_seconds_total,
+                epoch=s.epoch,
+                started_at=s.started_at,
+            )

@@ -1,0 +1,181 @@
+"""Transfer threads: filled slots become batches the training loop can use.
+
+With CUDA, each thread copies from the pinned ring to the device on its own
+stream and records an event; the slot is freed once the copy completed. On a
+CPU-only host the thread copies the slot into ordinary tensors (or, with
+``zero_copy``, hands out views whose slot is freed at the next ``next()``).
+The device queue is bounded by a window of sequence numbers, so it stays
+ordered and can never deadlock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .pool import EpochEnd, LoaderError, ReadyBatch, WorkerPool
+from .ring import BatchRing
+from .stats import StatsRecorder
+
+log = logging.getLogger("feedline.loader")
+
+
+@dataclass
+class DeviceBatch:
+    epoch: int
+    seq: int
+    tensors: dict[str, torch.Tensor]
+    slot: int | None = None  # held until the consumer moves on (zero-copy)
+    event: Any = None  # CUDA event the consumer's stream waits on
+
+
+class DeviceQueue:
+    """Batches ready for the training loop, handed out in sequence order."""
+
+    def __init__(self, capacity: int, in_order: bool, release: Any):
+        self.capacity = capacity
+        self._in_order = in_order
+        self._release = release
+        self._cv = threading.Condition()
+        self._items: dict[int, DeviceBatch] = {}
+        self._epoch = -1
+        self._next = 0
+        self._end: int | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+
+    def start_epoch(self, epoch: int) -> None:
+        with self._cv:
+            for item in self._items.values():
+                if item.slot is not None:
+                    self._release(item.slot)
+            self._items.clear()
+            self._epoch, self._next, self._end = epoch, 0, None
+            self._cv.notify_all()
+
+    def put(self, item: DeviceBatch) -> bool:
+        """Blocks while the window is full; False if the item is stale (its slot is released)."""
+        with self._cv:
+            while (item.epoch == self._epoch and not self._closed and self._error is None
+                   and item.seq >= self._next + self.capacity):
+                self._cv.wait(0.5)
+            if item.epoch != self._epoch or self._closed:
+                if item.slot is not None:
+                    self._release(item.slot)
+                return False
+            self._items[item.seq] = item
+            self._cv.notify_all()
+            return True
+
+    def finish(self, epoch: int, batches: int) -> None:
+        with self._cv:
+            if epoch == self._epoch:
+                self._end = batches
+                self._cv.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._cv:
+            if self._error is None:
+                self._error = exc
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+    def get(self) -> DeviceBatch | None:
+        """The next batch, or None at the end of the epoch."""
+        with self._cv:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                if self._closed:
+                    raise LoaderError("the loader was closed")
+                key = self._next if self._in_order else (min(self._items) if self._items else None)
+                if key is not None and key in self._items:
+                    self._next += 1
+                    self._cv.notify_all()
+                    return self._items.pop(key)
+                if self._end is not None and self._next >= self._end:
+                    return None
+                self._cv.wait(0.5)  # bounded, so Ctrl-C is seen promptly
+
+    def depth(self) -> int:
+        with self._cv:
+            return len(self._items)
+
+
+class TransferStage:
+    """T threads in the trainer process moving batches from ring slots to tensors."""
+
+    def __init__(self, pool: WorkerPool, ring: BatchRing, queue: DeviceQueue, stats: StatsRecorder,
+                 threads: int, device: torch.device, zero_copy: bool):
+        self._pool = pool
+        self._ring = ring
+        self._queue = queue
+        self._stats = stats
+        self._device = device
+        self._zero_copy = zero_copy and device.type == "cpu"
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"feedline-transfer-{i}", daemon=True) for i in range(threads)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5.0)
+
+    def _views(self, slot: int, n: int) -> dict[str, torch.Tensor]:
+        return {name: torch.from_numpy(arr[:n]) for name, arr in self._ring.slot(slot).items()}
+
+    def _run(self) -> None:
+        stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
+        finished = -1
+        try:
+            while not self._stop.is_set():
+                item = self._pool.take()
+                if item is None:
+                    continue
+                if isinstance(item, EpochEnd):
+                    self._queue.finish(item.epoch, item.batches)
+                    finished = item.epoch
+                    self._pool.wait_epoch_change(finished)
+                    continue
+                self._move(item, stream)
+        except BaseException as exc:
+            if not self._stop.is_set():
+                if not isinstance(exc, LoaderError):
+                    log.exception("a transfer thread failed")
+                self._queue.fail(exc)
+
+    def _move(self, item: ReadyBatch, stream: Any) -> None:
+        views = self._views(item.slot, item.samples)
+        nbytes = sum(t.nbytes for t in views.values())
+        if stream is not None:
+            start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(stream):
+                start.record(stream)
+                tensors = {k: v.to(self._device, non_blocking=True) for k, v in views.items()}
+                done.record(stream)
+            self._queue.put(DeviceBatch(item.epoch, item.seq, tensors, event=done))
+            done.synchronize()  # blocks this thread only; the slot is reusable once the copy landed
+            self._pool.release(item.slot)
+            self._stats.transferred(nbytes, start.elapsed_time(done) / 1000.0)
+        elif self._zero_copy:
+            if self._queue.put(DeviceBatch(item.epoch, item.seq, views, slot=item.slot)):
+                self._stats.transferred(nbytes, None)
+        else:
+            t0 = time.perf_counter()
+            tensors = {k: v.clone() for k, v in views.items()}
+            self._pool.release(item.slot)
+            self._stats.transferred(nbytes, time.perf_counter() - t0)
+            self._queue.put(DeviceBatch(item.epoch, item.seq, tensors))
