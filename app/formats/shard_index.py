@@ -111,6 +111,10 @@ def build_index(path: str) -> ShardIndex:
                         samples.append(Sample(key, fields))
                     key, fields = k, {}
                 fields[ext] = (info.offset_data, info.size)
+            end = tar.offset
+        if shard_bytes < end + tarfile.BLOCKSIZE:
+            # Every complete archive ends with zero blocks; a cut at a member boundary has none.
+            raise ShardError(path, f"truncated: no end-of-archive marker after byte {end}")
     except tarfile.TarError as exc:
         raise ShardError(path, f"not a readable tar file ({exc})") from None
     except OSError as exc:

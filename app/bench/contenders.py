@@ -1,0 +1,211 @@
+"""One benchmark contender, run in its own process: ``python -m app.bench.contenders NAME ...``.
+
+Each contender reads the same shards, delivers batches to a loop that does
+nothing else (an infinitely fast GPU step), and prints one JSON line:
+samples/s, MB/s of batch payload, and the main process's CPU use. Running
+each in a fresh process lets the DataLoader baseline use stock Pillow
+(``PYTHONPATH`` points at it) and keeps the CPU accounting clean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import json
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..formats.transforms import RandomResizedCrop
+
+
+def _tar_samples(path: str) -> Iterator[dict[str, bytes]]:
+    """Stream a shard with tarfile, grouping members by key (what a hand-written Dataset does)."""
+    current: dict[str, bytes] = {}
+    key = None
+    with tarfile.open(path, mode="r|") as tar:
+        for info in tar:
+            if not info.isfile():
+                continue
+            k, _, ext = info.name.partition(".")
+            f = tar.extractfile(info)
+            assert f is not None
+            data = f.read()
+            if k != key and current:
+                yield current
+                current = {}
+            key = k
+            current[ext] = data
+    if current:
+        yield current
+
+
+class Convert:
+    """Bytes of a sample to tensors, as a typical hand-written dataset does (picklable for spawn)."""
+
+    def __init__(self, workload: str, image_size: int):
+        self.workload = workload
+        self.rrc = RandomResizedCrop(image_size, draft=False)  # torchvision-style: full-size decode
+
+    def __call__(self, s: dict[str, Any]) -> dict[str, Any]:
+        if self.workload == "raw":
+            arr = np.frombuffer(s["bin"], dtype=np.uint8).copy()
+            return {"bin": torch.from_numpy(arr), "cls": int(s["cls"])}
+        from PIL import Image
+
+        img = s["jpg"] if not isinstance(s["jpg"], bytes) else Image.open(io.BytesIO(s["jpg"]))
+        img = self.rrc.crop(img.convert("RGB"))
+        return {"jpg": torch.from_numpy(np.asarray(img).copy()), "cls": int(s["cls"])}
+
+
+class TarShards(torch.utils.data.IterableDataset):
+    """A fair hand-written tar dataset: shards split over workers, samples decoded in the worker."""
+
+    def __init__(self, shards: list[str], convert: Callable[[dict[str, Any]], dict[str, Any]]):
+        self.shards = shards
+        self.convert = convert
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = torch.utils.data.get_worker_info()
+        mine = self.shards if info is None else self.shards[info.id :: info.num_workers]
+        for path in mine:
+            for s in _tar_samples(path):
+                yield self.convert(s)
+
+
+def _dataloader(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
+    ds = TarShards(shards, Convert(args.workload, args.image_size))
+    return torch.utils.data.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers,
+                                       pin_memory=torch.cuda.is_available(), persistent_workers=True,
+                                       prefetch_factor=4, multiprocessing_context="spawn")
+
+
+def _webdataset(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
+    import webdataset as wds
+
+    convert = Convert(args.workload, args.image_size)
+    ds = wds.WebDataset(shards, shardshuffle=False, nodesplitter=wds.split_by_node, empty_check=False)
+    if args.workload == "jpeg":
+        ds = ds.decode("pil")
+    ds = ds.map(convert).batched(args.batch_size, partial=True)
+
+    return wds.WebLoader(ds, batch_size=None, num_workers=args.workers, pin_memory=torch.cuda.is_available(),
+                         persistent_workers=True, prefetch_factor=4, multiprocessing_context="spawn")
+
+
+def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
+    from ..loader.loader import StagingLoader
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.workload == "raw":
+        spec = {"bin": ("uint8", (args.sample_bytes,)), "cls": "int64"}
+        transform = None
+    else:
+        spec = {"jpg": ("uint8", (args.image_size, args.image_size, 3)), "cls": "int64"}
+        transform = RandomResizedCrop(args.image_size, fields=["jpg"])
+    return StagingLoader(shards, batch_size=args.batch_size, workers=args.workers,
+                         transfer_threads=args.transfer_threads, spec=spec, transform=transform, device=device,
+                         zero_copy=args.zero_copy, shuffle=False)
+
+
+def _batch_payload(batch: Any) -> tuple[int, int, list[torch.Tensor]]:
+    """(samples, bytes, tensors) of a batch, whatever shape the contender returns."""
+    if isinstance(batch, dict):
+        tensors = [v for v in batch.values() if isinstance(v, torch.Tensor)]
+    elif isinstance(batch, list) and batch and isinstance(batch[0], dict):  # webdataset, batched dicts
+        tensors = [torch.stack([s[k] for s in batch]) for k in batch[0] if isinstance(batch[0][k], torch.Tensor)]
+        tensors.append(torch.tensor([s["cls"] for s in batch]))
+    else:
+        raise TypeError(f"unexpected batch type {type(batch).__name__}")
+    return int(tensors[0].shape[0]), sum(t.nbytes for t in tensors), tensors
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    shards = sorted(glob.glob(args.shards))
+    make = {"feedline": _feedline, "dataloader": _dataloader, "webdataset": _webdataset}[args.loader]
+    loader = make(args, shards)
+    cuda = torch.device("cuda") if torch.cuda.is_available() else None
+    samples = nbytes = batches = 0
+    t_start = cpu_start = None
+    deadline = None
+    epochs = 0
+    try:
+        while True:
+            for batch in loader:
+                n, b, tensors = _batch_payload(batch)
+                if cuda is not None and tensors[0].device.type != "cuda":
+                    tensors = [t.to(cuda, non_blocking=True) for t in tensors]
+                batches += 1
+                if batches == args.warmup_batches:  # start the clock once the pipeline is warm
+                    if cuda is not None:
+                        torch.cuda.synchronize()
+                    t_start, cpu_start = time.perf_counter(), time.process_time()
+                    deadline = t_start + args.seconds
+                elif t_start is not None:
+                    samples += n
+                    nbytes += b
+                    if time.perf_counter() >= deadline:  # type: ignore[operator]
+                        raise StopIteration
+            epochs += 1
+    except StopIteration:
+        pass
+    if cuda is not None:
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t_start if t_start else float("nan")
+    cpu = time.process_time() - cpu_start if cpu_start is not None else float("nan")
+    if hasattr(loader, "close"):
+        loader.close()
+    import PIL
+
+    return {"loader": args.loader, "workload": args.workload, "samples": samples, "seconds": wall,
+            "samples_per_s": samples / wall, "mb_per_s": nbytes / 1e6 / wall, "main_cpu_pct": 100.0 * cpu / wall,
+            "epochs": epochs, "pil": PIL.__version__, "zero_copy": bool(args.zero_copy)}
+
+
+def single_core_rate(args: argparse.Namespace) -> dict[str, Any]:
+    """Decode + random-resized-crop rate of one core, in this process, with the PIL on the path."""
+    import PIL
+    from PIL import Image
+
+    blobs = []
+    for path in sorted(glob.glob(args.shards))[:2]:
+        blobs.extend(s["jpg"] for s in _tar_samples(path))
+    rrc = RandomResizedCrop(args.image_size, draft=not args.no_draft)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < args.seconds:
+        for b in blobs:
+            np.asarray(rrc.crop(Image.open(io.BytesIO(b))))
+            n += 1
+    wall = time.perf_counter() - t0
+    return {"loader": "single-core", "workload": "jpeg", "samples_per_s": n / wall, "pil": PIL.__version__,
+            "draft": not args.no_draft}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("loader", choices=("feedline", "dataloader", "webdataset", "single-core"))
+    p.add_argument("--workload", choices=("raw", "jpeg"), required=True)
+    p.add_argument("--shards", required=True, help="a glob")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--transfer-threads", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--sample-bytes", type=int, default=1 << 20)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--warmup-batches", type=int, default=4)
+    p.add_argument("--zero-copy", action="store_true")
+    p.add_argument("--no-draft", action="store_true")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    result = single_core_rate(args) if args.loader == "single-core" else run(args)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,192 @@
+"""The ``feedline`` command: train, make-shards, make-dataset, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .config import Config, ConfigError, parse_size
+
+log = logging.getLogger("feedline")
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]",
+                        handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)])
+
+
+# -- train --------------------------------------------------------------------------------------
+
+def _epoch_samples(loader: Any) -> int | None:
+    """Samples this rank will see in an epoch, from the shard indexes (for the progress bar)."""
+    from .formats.shard_index import ShardError, load_index
+
+    try:
+        total = sum(len(load_index(p).samples) for p in loader.source.snapshot())
+    except ShardError:
+        return None
+    return total // loader.rank.world_size
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg = Config.load(args)
+    _setup_logging(cfg.log_level)
+    if not cfg.shards and not cfg.cache:
+        raise ConfigError("train needs data: set shards (--shards / FEEDLINE_SHARDS) or cache (--cache / FEEDLINE_CACHE)")
+    from .train import build_loader, train
+
+    with build_loader(cfg) as loader:
+        per_epoch = _epoch_samples(loader) if cfg.progress else None
+        progress = Progress(TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[rate]:>8.0f} samples/s  wait {task.fields[wait]:>4.0%}  "
+                                       "queues free/decoded/device {task.fields[q]}"),
+                            TimeElapsedColumn(), console=console, disable=not cfg.progress, transient=False)
+        tasks: dict[int, Any] = {}
+
+        def on_epoch_start(epoch: int) -> None:
+            tasks[epoch] = progress.add_task("", total=per_epoch, epoch=epoch, rate=0.0, wait=0.0, q="-")
+
+        def on_step(es: Any, stats: Any) -> None:
+            fields: dict[str, Any] = {"completed": es.samples}
+            if stats is not None:
+                d = stats.queue_depth
+                fields.update(rate=es.samples / max(1e-9, es.elapsed()), wait=stats.gpu_starvation_ratio,
+                              q=f"{d['free']}/{d['decoded']}/{d['device']}")
+            progress.update(tasks[es.epoch], **fields)
+
+        summary = None
+        try:
+            with progress:
+                summary = train(cfg, loader, on_step=on_step, on_epoch_start=on_epoch_start)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted; shutting down the loader[/yellow]")
+            return 130
+        _print_summary(summary, loader)
+    if args.summary_json:
+        with open(args.summary_json, "w") as f:
+            json.dump(summary.to_json(), f, indent=2)
+    return 0
+
+
+def _print_summary(summary: Any, loader: Any) -> None:
+    table = Table(title=f"feedline train — {summary.device}, {loader.workers} workers, "
+                        f"batch {loader.batch_size}, ring {loader.ring_slots} slots")
+    for col in ("epoch", "shards", "samples", "seconds", "samples/s", "MB/s", "data wait s", "starvation",
+                "queues free/decoded/device (mean)", "loss"):
+        table.add_column(col, justify="right")
+    for e in summary.epochs:
+        d = e.mean_depth()
+        table.add_row(str(e.epoch), str(e.shards), str(e.samples), f"{e.seconds:.1f}", f"{e.samples_per_s:.0f}",
+                      f"{e.mb_per_s:.1f}", f"{e.data_wait_seconds:.2f}", f"{e.starvation:.2f}",
+                      f"{d['free']:.1f}/{d['decoded']:.1f}/{d['device']:.1f}", f"{e.loss:.3f}")
+    console.print(table)
+    f = summary.final
+    errors = {k: v for k, v in f.sample_errors_total.items() if v}
+    console.print(
+        f"total: {f.samples_total} samples, {f.bytes_total['decoded'] / 1e6:.0f} MB decoded, "
+        f"data wait {f.data_wait_seconds_total:.2f} s, step {f.step_seconds_total:.2f} s, "
+        f"starvation (last {loader._stats._window.seconds:.0f} s) {f.gpu_starvation_ratio:.2f}, "
+        f"queue capacity {f.queue_capacity}, sample errors {errors or 'none'}, "
+        f"worker restarts {f.worker_restarts_total}"
+    )
+
+
+# -- data ---------------------------------------------------------------------------------------
+
+def cmd_make_shards(args: argparse.Namespace) -> int:
+    _setup_logging("INFO")
+    from .formats.shard_writer import samples_from_folder, samples_from_list, write_shards
+
+    src = args.source
+    if os.path.isdir(src):
+        samples = samples_from_folder(src)
+    elif os.path.isfile(src):
+        samples = samples_from_list(src)
+    else:
+        raise ConfigError(f"make-shards: source {src!r} is neither a folder nor a list file of 'path label' lines")
+    shards = write_shards(samples, args.outdir, args.prefix, parse_size(args.shard_size))
+    console.print(f"wrote {len(shards)} shard(s) to {args.outdir}")
+    return 0
+
+
+def cmd_make_dataset(args: argparse.Namespace) -> int:
+    _setup_logging("INFO")
+    from .formats.datasets import make_dataset
+
+    with Progress(TextColumn(f"[bold]{args.kind} dataset"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        task = progress.add_task("", total=args.samples)
+        shards = make_dataset(args.kind, args.outdir, args.samples, parse_size(args.shard_size), args.cache_dir,
+                              parse_size(args.sample_size), args.seed,
+                              progress=lambda n: progress.update(task, completed=n))
+    size = sum(os.path.getsize(s) for s in shards)
+    console.print(f"wrote {args.samples} samples in {len(shards)} shards ({size / 1e6:.0f} MB) to {args.outdir}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    _setup_logging("WARNING")
+    from .bench.runner import main as bench_main
+
+    return bench_main(args)
+
+
+# -- entry point --------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="feedline", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train the demo model on shards or a cache, fed by the staging loader")
+    Config.add_arguments(p)
+    p.add_argument("--summary-json", default=None, help="also write the summary to this JSON file")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("make-shards", help="pack a folder, or a list file of 'path label' lines, into tar shards")
+    p.add_argument("source", help="a folder (files sharing a basename form a sample) or a list file")
+    p.add_argument("outdir")
+    p.add_argument("--prefix", default="shard")
+    p.add_argument("--shard-size", default="256MiB", help="target shard size (bytes or 512MiB, 1GiB)")
+    p.set_defaults(func=cmd_make_shards)
+
+    p = sub.add_parser("make-dataset", help="write a demo/benchmark dataset of real tar shards")
+    p.add_argument("kind", choices=("jpeg", "raw"))
+    p.add_argument("outdir")
+    p.add_argument("--samples", type=int, default=2000)
+    p.add_argument("--shard-size", default="64MiB")
+    p.add_argument("--sample-size", default="1MiB", help="raw: bytes per sample")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-dir", default=".cache", help="where the photo source is kept")
+    p.set_defaults(func=cmd_make_dataset)
+
+    from .bench.runner import add_arguments as bench_arguments
+
+    p = sub.add_parser("bench", help="this loader against torch DataLoader and webdataset, side by side")
+    bench_arguments(p)
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        console.print(f"[red]configuration error:[/red] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Demo and benchmark datasets, written as real tar shards (``feedline make-dataset``).
+
+- ``jpeg``: ImageNet-like photos (about 500x375, JPEG) cut at random from the
+  sample photographs shipped inside scikit-image's wheel (downloaded once with
+  pip, never installed), labelled by the photo they came from.
+- ``raw``: incompressible random samples of a fixed size (1 MiB by default),
+  the raw-scientific-data workload.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import logging
+import os
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from .shard_writer import ShardWriter
+
+log = logging.getLogger("feedline.datasets")
+
+SKIMAGE_VERSION = "0.26.0"
+PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "hubble_deep_field.jpg", "ihc.png",
+          "motorcycle_left.png", "motorcycle_right.png", "retina.jpg", "rocket.jpg")
+IMAGE_SIZE = (500, 375)
+
+
+def _skimage_wheel(cache_dir: str) -> str:
+    found = glob.glob(os.path.join(cache_dir, f"scikit_image-{SKIMAGE_VERSION}-*.whl"))
+    if found:
+        return found[0]
+    os.makedirs(cache_dir, exist_ok=True)
+    log.info("downloading scikit-image %s's wheel for its sample photos (not installed)", SKIMAGE_VERSION)
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+           f"scikit-image=={SKIMAGE_VERSION}", "-d", cache_dir]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    found = glob.glob(os.path.join(cache_dir, f"scikit_image-{SKIMAGE_VERSION}-*.whl"))
+    if result.returncode != 0 or not found:
+        raise RuntimeError(f"cannot download scikit-image's wheel for the sample photos: {result.stderr.strip()}")
+    return found[0]
+
+
+def sample_photos(cache_dir: str) -> list[object]:
+    """The colour sample photos as RGB PIL images."""
+    from PIL import Image
+
+    with zipfile.ZipFile(_skimage_wheel(cache_dir)) as z:
+        return [Image.open(io.BytesIO(z.read(f"skimage/data/{name}"))).convert("RGB") for name in PHOTOS]
+
+
+def photo_crops(count: int, cache_dir: str, seed: int = 0, quality: tuple[int, int] = (85, 95)
+                ) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Random crops (scaled, flipped, landscape or portrait) of the photos, JPEG-encoded."""
+    from PIL import Image
+
+    photos = sample_photos(cache_dir)
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        label = int(rng.integers(len(photos)))
+        img = photos[label]
+        w, h = IMAGE_SIZE if rng.random() < 0.75 else IMAGE_SIZE[::-1]
+        scale = max(w / img.width, h / img.height) * float(rng.uniform(1.0, 1.6))
+        scaled = img.resize((max(w, round(img.width * scale)), max(h, round(img.height * scale))),
+                            Image.Resampling.BILINEAR)
+        x = int(rng.integers(scaled.width - w + 1))
+        y = int(rng.integers(scaled.height - h + 1))
+        crop = scaled.crop((x, y, x + w, y + h))
+        if rng.random() < 0.5:
+            crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        buf = io.BytesIO()
+        crop.save(buf, format="JPEG", quality=int(rng.integers(*quality, endpoint=True)))
+        yield f"{i:08d}", {"jpg": buf.getvalue(), "cls": str(label).encode()}
+
+
+def raw_samples(count: int, sample_bytes: int = 1 << 20, seed: int = 0) -> Iterator[tuple[str, dict[str, bytes]]]:
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        yield f"{i:08d}", {"bin": rng.bytes(sample_bytes), "cls": str(i % 1000).encode()}
+
+
+def make_dataset(kind: str, outdir: str, count: int, shard_bytes: int, cache_dir: str = ".cache",
+                 sample_bytes: int = 1 << 20, seed: int = 0,
+                 progress: Callable[[int], None] | None = None) -> list[str]:
+    """Write ``count`` samples of ``kind`` as shards under ``outdir``; returns the shard paths."""
+    if kind == "jpeg":
+        samples = photo_crops(count, cache_dir, seed)
+    elif kind == "raw":
+        samples = raw_samples(count, sample_bytes, seed)
+    else:
+        raise ValueError(f"dataset kind must be 'jpeg' or 'raw', got {kind!r}")
+    for old in glob.glob(os.path.join(outdir, "*.tar*")):
+        os.unlink(old)
+    with ShardWriter(outdir, kind, shard_bytes) as writer:
+        for n, (key, fields) in enumerate(samples, 1):
+            writer.write(key, fields)
+            if progress is not None:
+                progress(n)
+    return writer.shards

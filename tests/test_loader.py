@@ -1,0 +1,325 @@
+"""The staging loader with real worker processes: order, coverage, faults, shutdown."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+from helpers import children_of, id_samples, id_shards, jpeg_bytes, write_tar
+
+from app import StagingLoader
+from app.formats.transforms import RandomResizedCrop
+from app.loader.plan import Rank
+from app.loader.pool import LoaderError
+
+ID_SPEC = {"cls": "int64", "bin": ("uint8", (64,))}
+
+
+def ids_of(loader):
+    return [int(i) for b in loader for i in b["cls"]]
+
+
+@pytest.fixture
+def shards(tmp_path):
+    return id_shards(str(tmp_path / "ids"), shards=6, per_shard=37)
+
+
+# -- batches ----------------------------------------------------------------------------------
+
+def test_batches_are_dicts_of_tensors_keyed_by_extension(tmp_path):
+    path = write_tar(str(tmp_path / "img.tar"), [(f"k{i:03d}", {"jpg": jpeg_bytes(i), "cls": str(i).encode()})
+                                                  for i in range(20)])
+    with StagingLoader(path, batch_size=8, workers=1) as loader:
+        batch = next(iter(loader))
+    assert set(batch) == {"jpg", "cls"}
+    assert batch["jpg"].dtype == torch.uint8 and tuple(batch["jpg"].shape) == (8, 72, 96, 3)  # HWC
+    assert batch["cls"].dtype == torch.int64
+
+
+def test_sample_payload_arrives_intact(shards):
+    with StagingLoader(shards, batch_size=10, workers=2, spec=ID_SPEC) as loader:
+        for batch in loader:
+            for i, row in zip(batch["cls"].tolist(), batch["bin"]):
+                assert torch.all(row == i % 251)
+
+
+def test_a_transform_shapes_the_batch(tmp_path):
+    path = write_tar(str(tmp_path / "img.tar"), [(f"k{i:03d}", {"jpg": jpeg_bytes(i), "cls": str(i).encode()})
+                                                  for i in range(16)])
+    with StagingLoader(path, batch_size=4, workers=1, transform=RandomResizedCrop(32, fields=["jpg"])) as loader:
+        shapes = {tuple(b["jpg"].shape) for b in loader}
+    assert shapes == {(4, 32, 32, 3)}
+
+
+def test_variable_length_text_is_padded_with_a_lengths_field(tmp_path):
+    texts = ["a", "hello", "ünïcode text", ""]
+    path = write_tar(str(tmp_path / "t.tar"), [(f"k{i}", {"txt": t.encode()}) for i, t in enumerate(texts)])
+    spec = {"txt": {"dtype": "uint8", "shape": [32], "variable": True}}
+    with StagingLoader(path, batch_size=4, workers=1, spec=spec, shuffle=False) as loader:
+        batch = next(iter(loader))
+    got = [bytes(row[:n].tolist()).decode() for row, n in zip(batch["txt"], batch["txt_len"])]
+    assert got == texts
+    assert int(batch["txt"][0, 1:].sum()) == 0  # padded with zeros
+
+
+def test_a_spec_can_rename_a_field(shards):
+    spec = {"label": {"dtype": "int64", "source": "cls"}}
+    with StagingLoader(shards, batch_size=5, workers=2, spec=spec) as loader:
+        assert set(next(iter(loader))) == {"label"}
+
+
+def test_zero_copy_batches_are_views_into_the_ring(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, zero_copy=True) as loader:
+        seen = []
+        for batch in loader:
+            seen.extend(batch["cls"].tolist())  # valid until the next next()
+        assert sorted(seen) == list(range(6 * 37))
+
+
+# -- coverage and order -----------------------------------------------------------------------
+
+def test_every_sample_exactly_once_per_epoch_across_ranks_and_workers(shards):
+    world = 3
+    seen = []
+    for rank in range(world):
+        with StagingLoader(shards, batch_size=7, workers=2, spec=ID_SPEC, rank=Rank(rank, world)) as loader:
+            seen.extend(ids_of(loader))
+    assert sorted(seen) == list(range(6 * 37))
+
+
+def test_each_epoch_covers_every_sample_once(shards):
+    with StagingLoader(shards, batch_size=16, workers=2, spec=ID_SPEC) as loader:
+        for _ in range(3):
+            assert sorted(ids_of(loader)) == list(range(6 * 37))
+
+
+def test_drop_last_drops_only_partial_batches(shards):
+    with StagingLoader(shards, batch_size=16, workers=2, spec=ID_SPEC, drop_last=True) as loader:
+        sizes = [len(b["cls"]) for b in loader]
+    assert set(sizes) == {16}
+    assert 6 * 37 - 2 * 15 <= sum(sizes) <= 6 * 37
+
+
+def test_same_seed_gives_the_same_order(shards):
+    orders = []
+    for _ in range(2):
+        with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, seed=7) as loader:
+            orders.append(ids_of(loader))
+    assert orders[0] == orders[1]
+
+
+def test_different_epochs_and_seeds_give_different_orders(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, seed=7) as loader:
+        first, second = ids_of(loader), ids_of(loader)
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, seed=8) as loader:
+        other_seed = ids_of(loader)
+    assert first != second
+    assert first != other_seed
+
+
+def test_shuffle_mixes_samples_beyond_shard_order(tmp_path):
+    shards = id_shards(str(tmp_path / "ids"), shards=4, per_shard=100)
+    with StagingLoader(shards, batch_size=10, workers=1, spec=ID_SPEC, shuffle_buffer=200) as loader:
+        order = ids_of(loader)
+    steps = np.diff(order)
+    assert np.mean(steps == 1) < 0.1  # not read off in sequence
+    # a batch draws from more than one shard
+    shards_per_batch = [len({i // 100 for i in order[k:k + 10]}) for k in range(0, 400, 10)]
+    assert np.mean(shards_per_batch) > 1.5
+    assert abs(np.corrcoef(np.arange(len(order)), order)[0, 1]) < 0.9
+
+
+def test_in_order_false_still_delivers_everything(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, in_order=False, transfer_threads=2) as loader:
+        assert sorted(ids_of(loader)) == list(range(6 * 37))
+
+
+def test_breaking_out_of_an_epoch_then_the_next_epoch_is_whole(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC) as loader:
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+        assert sorted(ids_of(loader)) == list(range(6 * 37))
+
+
+def test_new_shards_are_seen_at_the_next_epoch(tmp_path):
+    d = str(tmp_path / "grow")
+    id_shards(d, shards=2, per_shard=10)
+    with StagingLoader(os.path.join(d, "*.tar"), batch_size=4, workers=2, spec=ID_SPEC) as loader:
+        assert len(ids_of(loader)) == 20
+        write_tar(os.path.join(d, "ids-9999.tar"), id_samples(1000, 10))
+        assert len(ids_of(loader)) == 30
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+def test_corrupt_sample_is_skipped_and_counted(tmp_path):
+    samples = [(f"k{i:03d}", {"jpg": jpeg_bytes(i), "cls": str(i).encode()}) for i in range(12)]
+    samples[5] = ("k005", {"jpg": jpeg_bytes(5)[:200], "cls": b"5"})  # truncated JPEG
+    samples[7] = ("k007", {"jpg": b"garbage", "cls": b"7"})
+    path = write_tar(str(tmp_path / "c.tar"), samples)
+    with StagingLoader(path, batch_size=4, workers=1, max_sample_errors=5) as loader:
+        got = sorted(ids_of(loader))
+        stats = loader.stats()
+    assert got == [i for i in range(12) if i not in (5, 7)]
+    assert stats.sample_errors_total["corrupt"] == 2
+
+
+def test_sample_missing_a_field_is_skipped_and_counted(shards, tmp_path):
+    path = write_tar(str(tmp_path / "m.tar"), id_samples(5000, 5) + [("nofield", {"txt": b"x"})])
+    with StagingLoader([*shards, path], batch_size=8, workers=2, spec=ID_SPEC, max_sample_errors=3) as loader:
+        assert len(ids_of(loader)) == 6 * 37 + 5
+        assert loader.stats().sample_errors_total["missing_field"] == 1
+
+
+def test_sample_too_large_for_its_slot_is_skipped_and_counted(tmp_path):
+    samples = [(f"k{i}", {"txt": b"x" * (10 if i != 3 else 100)}) for i in range(6)]
+    path = write_tar(str(tmp_path / "t.tar"), samples)
+    spec = {"txt": {"dtype": "uint8", "shape": [16], "variable": True}}
+    with StagingLoader(path, batch_size=2, workers=1, spec=spec, max_sample_errors=2) as loader:
+        assert sum(len(b["txt"]) for b in loader) == 5
+        assert loader.stats().sample_errors_total["too_large"] == 1
+
+
+def test_sustained_corruption_exceeds_the_failure_budget(tmp_path):
+    samples = [(f"k{i:03d}", {"jpg": b"not a jpeg" if i % 2 else jpeg_bytes(i), "cls": b"1"}) for i in range(40)]
+    path = write_tar(str(tmp_path / "bad.tar"), samples)
+    with StagingLoader(path, batch_size=4, workers=1, max_sample_errors=5) as loader:
+        with pytest.raises(LoaderError, match="max_sample_errors"):
+            ids_of(loader)
+
+
+def test_truncated_shard_is_skipped_and_other_shards_still_load(shards):
+    with open(shards[0], "r+b") as f:
+        f.truncate(os.path.getsize(shards[0]) // 2)
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC) as loader:
+        got = ids_of(loader)
+        assert sorted(got) == list(range(37, 6 * 37))
+        assert loader.stats().sample_errors_total["bad_shard"] == 1
+
+
+def test_killed_worker_is_replaced_and_no_sample_is_lost(shards):
+    with StagingLoader(shards, batch_size=4, workers=2, spec=ID_SPEC, transform=_Slow(0.01)) as loader:
+        seen = []
+        for i, batch in enumerate(loader):
+            seen.extend(batch["cls"].tolist())
+            if i == 3:
+                os.kill(loader._pipeline.pool._workers[1].process.pid, signal.SIGKILL)
+        assert sorted(seen) == list(range(6 * 37))
+        assert loader.stats().worker_restarts_total == 1
+
+
+class _Slow:
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __call__(self, sample):
+        time.sleep(self.seconds)
+        return sample
+
+
+class _CrashOn:
+    """Kills its worker process (as a segfaulting decoder would) on one sample."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self, sample):
+        if int(sample["cls"]) == self.value:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return sample
+
+
+def test_a_sample_that_crashes_its_worker_twice_is_skipped(shards):
+    with StagingLoader(shards, batch_size=4, workers=2, spec=ID_SPEC, transform=_CrashOn(40)) as loader:
+        got = sorted(ids_of(loader))
+        stats = loader.stats()
+    assert got == [i for i in range(6 * 37) if i != 40]
+    assert stats.worker_restarts_total == 2
+    assert stats.sample_errors_total["worker_crash"] == 1
+
+
+# -- misconfiguration ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, setting", [
+    ({"batch_size": 0}, "batch_size"),
+    ({"workers": 0}, "workers"),
+    ({"workers": 7}, "workers"),
+    ({"ring_slots": 1}, "ring_slots"),
+    ({"device": "cuda:0"} if not torch.cuda.is_available() else {"device": "tpu"}, "device"),
+    ({"start_method": "fork"}, "start_method"),
+])
+def test_misconfiguration_is_refused_naming_the_setting(shards, kwargs, setting):
+    with pytest.raises(ValueError, match=setting):
+        StagingLoader(shards, spec=ID_SPEC, **kwargs)
+
+
+def test_a_spec_that_does_not_match_the_data_is_refused(shards):
+    with pytest.raises(ValueError, match="spec"):
+        StagingLoader(shards, spec={"cls": "int64", "bin": ("uint8", (128,))})
+    with pytest.raises(ValueError, match="'jpg'"):
+        StagingLoader(shards, spec={"jpg": ("uint8", (8, 8, 3))})
+
+
+def test_a_ring_larger_than_memory_is_refused(shards):
+    with pytest.raises(ValueError, match="ring_slots"):
+        StagingLoader(shards, spec={"cls": "int64", "bin": ("uint8", (64,))}, batch_size=1 << 24, ring_slots=64)
+
+
+def test_no_matching_shards_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="shards"):
+        StagingLoader(str(tmp_path / "*.tar"))
+
+
+# -- accounting ---------------------------------------------------------------------------------------
+
+def test_slow_step_means_no_starvation(shards):
+    with StagingLoader(shards, batch_size=16, workers=2, spec=ID_SPEC) as loader:
+        it = iter(loader)
+        next(it)
+        for batch in it:
+            time.sleep(0.05)
+        stats = loader.stats()
+    assert stats.gpu_starvation_ratio < 0.2
+    assert stats.step_seconds_total >= 0.05 * 10
+
+
+def test_instant_step_with_slow_decoding_means_starvation(shards):
+    with StagingLoader(shards, batch_size=8, workers=1, spec=ID_SPEC, transform=_Slow(0.005)) as loader:
+        ids_of(loader)
+        stats = loader.stats()
+    assert stats.gpu_starvation_ratio > 0.8
+    assert stats.data_wait_seconds_total > 0.5
+
+
+def test_stats_report_queues_samples_and_bytes(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, ring_slots=6) as loader:
+        n = len(ids_of(loader))
+        s = loader.stats()
+    assert s.samples_total == n == 6 * 37
+    assert s.bytes_total["decoded"] == n * (64 + 8)
+    assert s.bytes_total["transferred"] == s.bytes_total["decoded"]
+    assert s.queue_capacity["free"] == 6
+    assert s.queue_depth["free"] == 6  # all slots back at the end of the epoch
+    assert s.workers == {"busy": 0, "idle": 2}
+    assert s.data_wait_seconds.count == s.batches_total + 1  # the final next() that ends the epoch
+
+
+# -- shutdown --------------------------------------------------------------------------------------------
+
+def test_close_stops_every_worker(shards):
+    loader = StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC)
+    next(iter(loader))
+    assert len(children_of(os.getpid())) >= 2
+    loader.close()
+    assert children_of(os.getpid()) == []
+
+
+def test_an_exception_in_the_training_loop_leaves_nothing_running(shards):
+    with pytest.raises(RuntimeError, match="boom"):
+        with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC) as loader:
+            for _ in loader:
+                raise RuntimeError("boom")
+    assert children_of(os.getpid()) == []
