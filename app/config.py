@@ -191,4 +191,4 @@ class Config:
 
 
 # Variables with the prefix that are not settings of this object (read elsewhere).
-KNOWN_OTHER_ENV = frozenset({"FEEDLINE_DATA", "FEEDLINE_HOME"})
+KNOWN_OTHER_ENV = frozenset({"FEEDLINE_DATA", "FEEDLINE_DEMO_SAMPLES"})

@@ -27,7 +27,7 @@ from .ring import BatchRing, RingHandle, RingLayout
 from .sources import PathSource, ShardSource
 from .spec import SampleRejected, Spec, fill
 from .stats import LoaderStats, StatsRecorder
-from .transfer import DeviceQueue, TransferStage
+from .transfer import DeviceQueue, DirectHandOff, TransferStage
 from .worker import WorkerArgs, load_sample
 
 log = logging.getLogger("feedline.loader")
@@ -47,7 +47,7 @@ class _Pipeline:
     def __init__(self) -> None:
         self.ring: BatchRing | None = None
         self.pool: WorkerPool | None = None
-        self.queue: DeviceQueue | None = None
+        self.queue: DeviceQueue | DirectHandOff | None = None
         self.transfer: TransferStage | None = None
         self.pinned_ptr: int | None = None
 
@@ -169,9 +169,12 @@ class StagingLoader:
 
             p.pool = WorkerPool(p.ring, make_args, self.workers, self._stats, ErrorBudget(float(max_sample_errors)),
                                 start_method, in_order)
-            p.queue = DeviceQueue(device_queue, in_order, p.pool.release)
-            p.transfer = TransferStage(p.pool, p.ring, p.queue, self._stats, self.transfer_threads, self.device,
-                                       zero_copy)
+            if zero_copy and self.device.type == "cpu":
+                p.queue = DirectHandOff(p.pool, p.ring, self._stats)
+            else:
+                p.queue = DeviceQueue(device_queue, in_order, p.pool.release)
+                p.transfer = TransferStage(p.pool, p.ring, p.queue, self._stats, self.transfer_threads,
+                                           self.device)
         except BaseException:
             self.close()
             raise

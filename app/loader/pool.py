@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
+import selectors
 import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 from .messages import DONE, END, FATAL, STOP, BatchResult, decode_json, encode_epoch, encode_fill
@@ -108,6 +109,8 @@ class WorkerPool:
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         try:
             for w in self._workers:
                 self._spawn(w)
@@ -143,6 +146,8 @@ class WorkerPool:
         """The next filled batch, an EpochEnd once all are taken, or None after ``timeout``."""
         with self._cv:
             self._raise_if_failed()
+            if self._stopping:
+                raise LoaderError("the loader was closed")
             if self._epoch < 0:
                 self._cv.wait(timeout)
                 return None
@@ -202,6 +207,7 @@ class WorkerPool:
             if w.process is not None:
                 w.process.join(timeout=2.0)
         self._kill_all()
+        self._selector.close()
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
@@ -258,20 +264,20 @@ class WorkerPool:
                         return
                     self._send_plans()
                     self._assign()
-                    conns = {w.conn: w for w in self._workers if w.conn is not None}
-                    sentinels = {w.process.sentinel: w for w in self._workers if w.process is not None}
-                ready = wait([self._wake_r, *conns, *sentinels], timeout=1.0)
+                events = self._selector.select(timeout=1.0)
                 with self._cv:
-                    for obj in ready:
-                        if obj == self._wake_r:
+                    dead = []
+                    for key, _ in events:
+                        kind, w = key.data
+                        if kind == "wake":
                             os.read(self._wake_r, 4096)
-                        elif obj in conns:
-                            self._receive(conns[obj])
-                    for obj in ready:
-                        if obj in sentinels and obj not in conns:
-                            w = sentinels[obj]
-                            if w.process is not None and not w.process.is_alive():
-                                self._replace(w)
+                        elif kind == "conn":
+                            self._receive(w)
+                        elif w.process is not None and key.fileobj == w.process.sentinel:
+                            dead.append(w)
+                    for w in dead:  # after its last results were read
+                        if w.process is not None and not w.process.is_alive():
+                            self._replace(w)
                     self._cv.notify_all()
         except BaseException as exc:  # never die silently: the training loop must hear of it
             log.exception("the loader's dispatcher failed")
@@ -361,6 +367,8 @@ class WorkerPool:
         proc.start()
         child.close()
         w.process, w.conn = proc, parent
+        self._selector.register(parent, selectors.EVENT_READ, ("conn", w))
+        self._selector.register(proc.sentinel, selectors.EVENT_READ, ("dead", w))
 
     def _replace(self, w: _WorkerState) -> None:
         """A worker died: start another that resumes after the last batch it delivered."""
@@ -381,9 +389,7 @@ class WorkerPool:
                 f"worker {w.index} died {w.restarts_without_progress} times without delivering a batch "
                 f"(last exit code {code}); see the worker log above"
             )
-        if w.conn is not None:
-            w.conn.close()
-        w.conn = w.process = None
+        self._forget(w)
         self._spawn(w)
         if self._plans:
             w.needs_plan = True
@@ -395,12 +401,30 @@ class WorkerPool:
                     w.outstanding.remove((epoch, slot, j))
                     self._free.append(slot)
 
+    def _forget(self, w: _WorkerState) -> None:
+        """Drop a worker's pipe and process handle (it has exited or been killed)."""
+        for obj in (w.conn, w.process.sentinel if w.process is not None else None):
+            if obj is not None:
+                try:
+                    self._selector.unregister(obj)
+                except (KeyError, ValueError):
+                    pass
+        if w.conn is not None:
+            w.conn.close()
+        if w.process is not None:
+            if w.process.is_alive():
+                w.process.kill()
+            w.process.join(timeout=2.0)
+            try:
+                w.process.close()
+            except ValueError:
+                pass
+        w.conn = w.process = None
+
     def _kill_all(self) -> None:
         for w in self._workers:
             p = w.process
             if p is not None and p.is_alive():
                 p.kill()
                 p.join(timeout=2.0)
-            if w.conn is not None:
-                w.conn.close()
-            w.process = w.conn = None
+            self._forget(w)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -43,13 +44,17 @@ class Field:
         if self.variable and (not self.shape or self.shape[0] < 1):
             raise ValueError(f"spec field {self.name!r}: a variable field needs a capacity, shape=(capacity, ...)")
 
-    @property
+    @cached_property
     def np_dtype(self) -> np.dtype:
         return np.dtype(self.dtype)
 
-    @property
-    def nbytes(self) -> int:
+    @cached_property
+    def nbytes(self) -> int:  # on the per-sample path: computed once
         return int(np.prod(self.shape, dtype=np.int64)) * self.np_dtype.itemsize
+
+    @cached_property
+    def count(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def length_name(self) -> str:
@@ -114,7 +119,7 @@ def fill(field: Field, dst: np.ndarray, value: Any, lengths: np.ndarray | None, 
     if arr.shape != field.shape:
         if arr.dtype == np.uint8 and arr.ndim == 1 and arr.nbytes == field.nbytes:
             arr = arr.view(field.np_dtype).reshape(field.shape)  # raw bytes with a declared layout
-        elif arr.size > int(np.prod(field.shape, dtype=np.int64)):
+        elif arr.size > field.count:
             raise SampleRejected("too_large", f"field {field.name!r}: shape {arr.shape} is larger than {field.shape}")
         else:
             raise SampleRejected("shape_mismatch", f"field {field.name!r}: shape {arr.shape}, the spec says {field.shape}")

@@ -2,8 +2,9 @@
 
 With CUDA, each thread copies from the pinned ring to the device on its own
 stream and records an event; the slot is freed once the copy completed. On a
-CPU-only host the thread copies the slot into ordinary tensors (or, with
-``zero_copy``, hands out views whose slot is freed at the next ``next()``).
+CPU-only host the thread copies the slot into ordinary tensors; with
+``zero_copy`` no thread is needed: the loop gets views of the slot, which is
+freed at its next ``next()`` (DirectHandOff).
 The device queue is bounded by a window of sequence numbers, so it stays
 ordered and can never deadlock.
 """
@@ -111,17 +112,61 @@ class DeviceQueue:
             return len(self._items)
 
 
+def slot_tensors(ring: BatchRing, slot: int, samples: int) -> dict[str, torch.Tensor]:
+    """Tensors viewing the first ``samples`` rows of a slot (no copy)."""
+    return {name: torch.from_numpy(arr[:samples]) for name, arr in ring.slot(slot).items()}
+
+
+class DirectHandOff:
+    """Zero-copy on a CPU host: the loop takes filled slots straight from the pool, no thread between.
+
+    Same interface as DeviceQueue; one thread hand-off fewer per batch.
+    """
+
+    capacity = 0
+
+    def __init__(self, pool: WorkerPool, ring: BatchRing, stats: StatsRecorder):
+        self._pool = pool
+        self._ring = ring
+        self._stats = stats
+        self._epoch = -1
+
+    def start_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+
+    def get(self) -> DeviceBatch | None:
+        while True:
+            item = self._pool.take()
+            if item is None:
+                continue
+            if isinstance(item, EpochEnd):
+                if item.epoch == self._epoch:
+                    return None
+                continue
+            if item.epoch != self._epoch:
+                self._pool.release(item.slot)
+                continue
+            tensors = slot_tensors(self._ring, item.slot, item.samples)
+            self._stats.transferred(sum(t.nbytes for t in tensors.values()), None)
+            return DeviceBatch(item.epoch, item.seq, tensors, slot=item.slot)
+
+    def depth(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
 class TransferStage:
     """T threads in the trainer process moving batches from ring slots to tensors."""
 
     def __init__(self, pool: WorkerPool, ring: BatchRing, queue: DeviceQueue, stats: StatsRecorder,
-                 threads: int, device: torch.device, zero_copy: bool):
+                 threads: int, device: torch.device):
         self._pool = pool
         self._ring = ring
         self._queue = queue
         self._stats = stats
         self._device = device
-        self._zero_copy = zero_copy and device.type == "cpu"
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, name=f"feedline-transfer-{i}", daemon=True) for i in range(threads)
@@ -133,9 +178,6 @@ class TransferStage:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5.0)
-
-    def _views(self, slot: int, n: int) -> dict[str, torch.Tensor]:
-        return {name: torch.from_numpy(arr[:n]) for name, arr in self._ring.slot(slot).items()}
 
     def _run(self) -> None:
         stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
@@ -158,7 +200,7 @@ class TransferStage:
                 self._queue.fail(exc)
 
     def _move(self, item: ReadyBatch, stream: Any) -> None:
-        views = self._views(item.slot, item.samples)
+        views = slot_tensors(self._ring, item.slot, item.samples)
         nbytes = sum(t.nbytes for t in views.values())
         if stream is not None:
             start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -170,9 +212,6 @@ class TransferStage:
             done.synchronize()  # blocks this thread only; the slot is reusable once the copy landed
             self._pool.release(item.slot)
             self._stats.transferred(nbytes, start.elapsed_time(done) / 1000.0)
-        elif self._zero_copy:
-            if self._queue.put(DeviceBatch(item.epoch, item.seq, views, slot=item.slot)):
-                self._stats.transferred(nbytes, None)
         else:
             t0 = time.perf_counter()
             tensors = {k: v.clone() for k, v in views.items()}
