@@ -159,13 +159,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t_start if t_start else float("nan")
     cpu = time.process_time() - cpu_start if cpu_start is not None else float("nan")
+    extra: dict[str, Any] = {}
+    if hasattr(loader, "stats"):
+        st = loader.stats()
+        if st.h2d_seconds.sum > 0 and cuda is not None:
+            extra["h2d_gb_per_s"] = st.bytes_total["transferred"] / st.h2d_seconds.sum / 1e9
     if hasattr(loader, "close"):
         loader.close()
     import PIL
 
     return {"loader": args.loader, "workload": args.workload, "samples": samples, "seconds": wall,
             "samples_per_s": samples / wall, "mb_per_s": nbytes / 1e6 / wall, "main_cpu_pct": 100.0 * cpu / wall,
-            "epochs": epochs, "pil": PIL.__version__, "zero_copy": bool(args.zero_copy)}
+            "epochs": epochs, "pil": PIL.__version__, "zero_copy": bool(args.zero_copy), **extra}
 
 
 def single_core_rate(args: argparse.Namespace) -> dict[str, Any]:

@@ -117,7 +117,10 @@ class StagingLoader:
             raise ValueError(f"max_sample_errors must be a count (>= 1) or a fraction in [0, 1), got {max_sample_errors!r}")
         if start_method not in ("spawn", "forkserver"):
             raise ValueError(f"start_method must be 'spawn' or 'forkserver' (never fork after CUDA), got {start_method!r}")
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {str(device)!r}") from None
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device={str(device)!r} but CUDA is not available here; use device='cpu'")
         if self.device.type not in ("cpu", "cuda"):

@@ -203,7 +203,9 @@ class TransferStage:
         views = slot_tensors(self._ring, item.slot, item.samples)
         nbytes = sum(t.nbytes for t in views.values())
         if stream is not None:
-            start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # blocking=True: the thread sleeps in synchronize() instead of spinning a core
+            start = torch.cuda.Event(enable_timing=True)
+            done = torch.cuda.Event(enable_timing=True, blocking=True)
             with torch.cuda.stream(stream):
                 start.record(stream)
                 tensors = {k: v.to(self._device, non_blocking=True) for k, v in views.items()}
