@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .config import Config, ConfigError, parse_size
+from .metrics.exporter import MetricsPortError
 
 log = logging.getLogger("feedline")
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
@@ -28,11 +29,11 @@ def _setup_logging(level: str) -> None:
 # -- train --------------------------------------------------------------------------------------
 
 def _epoch_samples(loader: Any) -> int | None:
-    """Samples this rank will see in an epoch, from the shard indexes (for the progress bar)."""
+    """Samples this rank sees in the current epoch, from the shard indexes (for the progress bar)."""
     from .formats.shard_index import ShardError, load_index
 
     try:
-        total = sum(len(load_index(p).samples) for p in loader.source.snapshot())
+        total = sum(len(load_index(p).samples) for p in loader.epoch_shards)
     except ShardError:
         return None
     return total // loader.rank.world_size
@@ -46,15 +47,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train import build_loader, train
 
     with build_loader(cfg) as loader:
-        per_epoch = _epoch_samples(loader) if cfg.progress else None
-        progress = Progress(TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+        progress = Progress(TextColumn("[bold]epoch {task.fields[epoch]}[/bold] {task.fields[shards]} shards"),
+                            BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[rate]:>8.0f} samples/s  wait {task.fields[wait]:>4.0%}  "
                                        "queues free/decoded/device {task.fields[q]}"),
                             TimeElapsedColumn(), console=console, disable=not cfg.progress, transient=False)
         tasks: dict[int, Any] = {}
 
         def on_epoch_start(epoch: int) -> None:
-            tasks[epoch] = progress.add_task("", total=per_epoch, epoch=epoch, rate=0.0, wait=0.0, q="-")
+            total = _epoch_samples(loader) if cfg.progress else None
+            tasks[epoch] = progress.add_task("", total=total, epoch=epoch, rate=0.0, wait=0.0, q="-",
+                                             shards=len(loader.epoch_shards))
 
         def on_step(es: Any, stats: Any) -> None:
             fields: dict[str, Any] = {"completed": es.samples}
@@ -81,12 +84,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _print_summary(summary: Any, loader: Any) -> None:
     table = Table(title=f"feedline train — {summary.device}, {loader.workers} workers, "
                         f"batch {loader.batch_size}, ring {loader.ring_slots} slots")
-    for col in ("epoch", "shards", "samples", "seconds", "samples/s", "MB/s", "data wait s", "starvation",
-                "queues free/decoded/device (mean)", "loss"):
+    for col in ("epoch", "shards", "shard MB", "samples", "seconds", "samples/s", "MB/s", "data wait s",
+                "starvation", "queues free/decoded/device (mean)", "loss"):
         table.add_column(col, justify="right")
     for e in summary.epochs:
         d = e.mean_depth()
-        table.add_row(str(e.epoch), str(e.shards), str(e.samples), f"{e.seconds:.1f}", f"{e.samples_per_s:.0f}",
+        table.add_row(str(e.epoch), str(e.shards), f"{e.shard_bytes / 1e6:.0f}", str(e.samples), f"{e.seconds:.1f}",
+                      f"{e.samples_per_s:.0f}",
                       f"{e.mb_per_s:.1f}", f"{e.data_wait_seconds:.2f}", f"{e.starvation:.2f}",
                       f"{d['free']:.1f}/{d['decoded']:.1f}/{d['device']:.1f}", f"{e.loss:.3f}")
     console.print(table)
@@ -134,6 +138,44 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sample(args: argparse.Namespace) -> int:
+    import signal
+
+    cfg = Config.load(args)
+    _setup_logging(cfg.log_level)
+    from .sampler.sidecar import Sidecar
+
+    sidecar = Sidecar(cfg)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sidecar.stop())
+    return sidecar.run()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    _setup_logging("INFO")
+    from .sampler.http_store import FileStore
+
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    with FileStore(args.root, args.host, args.port) as store:
+        log.info("serving %s at %s", args.root, store.url)
+        print(store.url, flush=True)
+        done.wait()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    cfg = Config.load(args)
+    _setup_logging(cfg.log_level)
+    from .demo import run_demo
+
+    return run_demo(cfg, args.data, console)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     _setup_logging("WARNING")
     from .bench.runner import main as bench_main
@@ -169,6 +211,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", default=".cache", help="where the photo source is kept")
     p.set_defaults(func=cmd_make_dataset)
 
+    p = sub.add_parser("sample", help="the sampler sidecar: fill a bounded cache from a remote store")
+    Config.add_arguments(p)
+    p.set_defaults(func=cmd_sample)
+
+    p = sub.add_parser("serve", help="serve a folder over HTTP (a stand-in for the remote store)")
+    p.add_argument("root")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("demo", help="the main job: store, sampler and trainer as separate processes")
+    Config.add_arguments(p)
+    p.add_argument("--data", default="data/demo-jpeg", help="the demo dataset's shards, served over HTTP")
+    p.set_defaults(func=cmd_demo)
+
     from .bench.runner import add_arguments as bench_arguments
 
     p = sub.add_parser("bench", help="this loader against torch DataLoader and webdataset, side by side")
@@ -181,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ConfigError as exc:
+    except (ConfigError, MetricsPortError, TimeoutError) as exc:
         console.print(f"[red]configuration error:[/red] {exc}")
         return 2
     except KeyboardInterrupt:

@@ -71,6 +71,28 @@ class Config:
     device: str = setting("auto", "cpu, cuda, cuda:N, or auto (cuda when available)")
     max_sample_errors: float = setting(0.05, "bad samples allowed per epoch: a count (>= 1) or a fraction (< 1)",
                                        minimum=0)
+    min_shards: int = setting(1, "cache shards needed before training starts (the sampler's /readyz too)",
+                              minimum=1)
+    wait_timeout: float = setting(120.0, "seconds the trainer waits for min_shards in the cache", minimum=0)
+    # the sampler sidecar
+    source: str = setting("", "dataset: http(s):// URLs with {000..123} braces, an index file, or a path")
+    budget: int = setting(1 << 30, "cache budget in bytes or with a unit (512MiB, 8GiB)", parse=parse_size,
+                          minimum=1)
+    policy: str = setting("grow", "cache policy: grow (epoch by epoch) or fill (to the budget, then refresh)",
+                          choices=("grow", "fill"))
+    initial_shards: int = setting(4, "grow: shards fetched before the first epoch", minimum=1)
+    grow_shards: int = setting(4, "grow: shards added at each new loader epoch until the budget is full",
+                               minimum=0)
+    replace_fraction: float = setting(0.1, "grow: share of the oldest shards replaced per epoch once full",
+                                      minimum=0, maximum=1)
+    refresh_per_minute: float = setting(6.0, "fill: shards replaced per minute once full", minimum=0)
+    fetch_threads: int = setting(4, "concurrent shard downloads", minimum=1, maximum=64)
+    max_mbps: float = setting(0.0, "bandwidth cap of the downloads in MB/s (0: none)", minimum=0)
+    fetch_timeout: float = setting(30.0, "seconds without data before a download is retried", minimum=0.1)
+    retries: int = setting(3, "retries of a failed download (with exponential backoff and jitter)", minimum=0)
+    metrics_port: int = setting(-1, "metrics/health port (-1: 9101 for sample, 9102 for train; 0: any free)",
+                                minimum=-1, maximum=65535)
+    metrics_addr: str = setting("127.0.0.1", "address the metrics endpoint binds (0.0.0.0 in containers)")
     # the demo training job
     epochs: int = setting(3, "epochs to train", minimum=1)
     step_ms: float = setting(0.0, "minimum time of one training step in ms (0: as fast as the model runs)",
@@ -176,7 +198,7 @@ class Config:
 
     def loader_kwargs(self) -> dict[str, Any]:
         """The StagingLoader arguments this configuration sets."""
-        kw: dict[str, Any] = dict(
+        kw: dict[str, Any] = dict(min_shards=self.min_shards, wait_timeout=self.wait_timeout,
             batch_size=self.batch_size, workers=self.workers, transfer_threads=self.transfer_threads,
             shuffle_buffer=self.shuffle_buffer, seed=self.seed, drop_last=self.drop_last, in_order=self.in_order,
             zero_copy=self.zero_copy, device=self.resolved_device(), max_sample_errors=self.max_sample_errors,

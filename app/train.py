@@ -7,6 +7,7 @@ appear (fast steps, the loader is the bottleneck) and disappear (slow steps).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -49,7 +50,8 @@ class EpochSummary:
     data_wait_seconds: float = 0.0
     step_seconds: float = 0.0
     loss: float = 0.0
-    shards: int = 0
+    shards: int = 0  # distinct shards this epoch read
+    shard_bytes: int = 0  # their size: the cache's size when training from a cache
     started: float = field(default_factory=time.perf_counter)
     depth_sum: dict[str, float] = field(default_factory=lambda: {"free": 0.0, "decoded": 0.0, "device": 0.0})
 
@@ -122,12 +124,15 @@ def train(cfg: Config, loader: StagingLoader,
     summary = TrainSummary(str(device), [])
     step_floor = cfg.step_ms / 1000.0
     for epoch in range(cfg.epochs):
+        before = loader.stats()
+        es = EpochSummary(epoch)
+        summary.epochs.append(es)
+        it = iter(loader)
         if on_epoch_start is not None:
             on_epoch_start(epoch)
-        before = loader.stats()
-        es = EpochSummary(epoch, shards=len(loader.source.snapshot()))
-        summary.epochs.append(es)
-        for batch in loader:
+        es.shards = len(loader.epoch_shards)
+        es.shard_bytes = sum(os.path.getsize(p) for p in loader.epoch_shards if os.path.exists(p))
+        for batch in it:
             t0 = time.perf_counter()
             images, labels = batch["jpg"], batch["cls"] % cfg.classes
             loss = loss_fn(model(images), labels)

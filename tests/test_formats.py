@@ -76,7 +76,7 @@ def test_index_is_stored_as_json_next_to_the_shard_and_reused(tmp_path):
     path = write_tar(str(tmp_path / "a.tar"), _samples())
     index = build_index(path)
     stored = write_index(index)
-    assert stored == path + ".idx"
+    assert stored == str(tmp_path / "a.idx")
     with open(stored) as f:
         assert f.read().startswith('{"version":1')
     assert load_index(path) == index

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -79,17 +80,51 @@ def write_manifest(cache_dir: str, manifest: Manifest) -> None:
 
 
 class CacheSource:
-    """The shards a cache's manifest lists at the moment an epoch starts."""
+    """The shards a cache's manifest lists at the moment an epoch starts.
+
+    The loader reports its epoch (``readers/<rank>.json``) so the sampler can
+    grow the cache, and can wait for the cache to hold a minimum of shards.
+    """
 
     def __init__(self, cache_dir: str):
         self.cache_dir = os.fspath(cache_dir)
+        self.generation = -1
+
+    def manifest(self) -> Manifest | None:
+        try:
+            return read_manifest(self.cache_dir)
+        except FileNotFoundError:
+            return None
 
     def snapshot(self) -> list[str]:
-        try:
-            manifest = read_manifest(self.cache_dir)
-        except FileNotFoundError:
+        manifest = self.manifest()
+        if manifest is None:
             return []
+        self.generation = manifest.generation
         return [shard_path(self.cache_dir, s.id) for s in manifest.shards]
+
+    def epoch_started(self, rank: int, epoch: int, shards: int) -> None:
+        from .readers import write_reader
+
+        write_reader(self.cache_dir, rank, epoch, self.generation, shards)
+
+    def wait_for(self, min_shards: int, timeout: float) -> list[str]:
+        """The snapshot once it holds ``min_shards``; a clear error after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                shards = self.snapshot()
+            except ValueError:  # a corrupt manifest: the sampler rebuilds it
+                shards = []
+            if len(shards) >= min_shards:
+                return shards
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"cache {self.cache_dir} holds {len(shards)} shard(s) after {timeout:.0f} s, fewer than "
+                    f"min_shards={min_shards}: is `feedline sample` running and filling it (its /readyz says "
+                    f"when)? Raise wait_timeout (FEEDLINE_WAIT_TIMEOUT) or lower min_shards (FEEDLINE_MIN_SHARDS)"
+                )
+            time.sleep(0.2)
 
     def describe(self) -> str:
         return f"cache {self.cache_dir}"

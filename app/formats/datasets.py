@@ -93,7 +93,7 @@ def make_dataset(kind: str, outdir: str, count: int, shard_bytes: int, cache_dir
         samples = raw_samples(count, sample_bytes, seed)
     else:
         raise ValueError(f"dataset kind must be 'jpeg' or 'raw', got {kind!r}")
-    for old in glob.glob(os.path.join(outdir, "*.tar*")):
+    for old in glob.glob(os.path.join(outdir, "*.tar")) + glob.glob(os.path.join(outdir, "*.idx")):
         os.unlink(old)
     with ShardWriter(outdir, kind, shard_bytes) as writer:
         for n, (key, fields) in enumerate(samples, 1):

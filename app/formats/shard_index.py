@@ -3,7 +3,7 @@
 Workers ``mmap`` a shard and slice members by offset; the index is what lets
 them do that without parsing tar headers on the hot path. It is built once per
 shard (by the sampler when it publishes, or lazily by a worker) and stored as
-JSON next to the shard as ``<shard>.idx`` — never pickled.
+JSON next to the shard as ``<id>.idx`` for ``<id>.tar`` — never pickled.
 """
 
 from __future__ import annotations
@@ -127,7 +127,9 @@ def build_index(path: str) -> ShardIndex:
 
 
 def index_path(shard_path: str) -> str:
-    return shard_path + INDEX_SUFFIX
+    """``shards/<id>.tar`` -> ``shards/<id>.idx`` (DESIGN.md's cache layout)."""
+    base, ext = os.path.splitext(shard_path)
+    return (base if ext == ".tar" else shard_path) + INDEX_SUFFIX
 
 
 def write_index(index: ShardIndex, dest: str | None = None) -> str:

@@ -102,6 +102,8 @@ class StagingLoader:
         start_method: str = "spawn",
         rank: Rank | None = None,
         starvation_window: float = 30.0,
+        min_shards: int = 1,
+        wait_timeout: float = 60.0,
     ):
         self.batch_size = _positive("batch_size", batch_size)
         self.workers = _positive("workers", workers)
@@ -140,8 +142,13 @@ class StagingLoader:
         self._decoder = Decoder(decode)
         self._epoch = -1
         self._closed = False
+        self.epoch_shards: list[str] = []  # the snapshot the current epoch reads
 
-        first = self.source.snapshot()
+        _positive("min_shards", min_shards)
+        if isinstance(self.source, CacheSource):
+            first = self.source.wait_for(min_shards, wait_timeout)
+        else:
+            first = self.source.snapshot()
         if cache is None:
             if not first:
                 raise ValueError(f"shards: nothing matches {self.source.describe()}")
@@ -264,6 +271,7 @@ class StagingLoader:
         if not shards:
             raise LoaderError(f"no shards to read in {self.source.describe()}")
         self._epoch += 1
+        self.epoch_shards = shards
         if len(shards) // self.rank.world_size < self.workers:
             log.warning("epoch %d: %d shards for %d ranks x %d workers; some workers sit idle",
                         self._epoch, len(shards), self.rank.world_size, self.workers)
@@ -272,6 +280,8 @@ class StagingLoader:
              "shards": worker_shards(shards, self.seed, self._epoch, self.rank, w, self.workers, self.shuffle)}
             for w in range(self.workers)
         ]
+        if isinstance(self.source, CacheSource):
+            self.source.epoch_started(self.rank.rank, self._epoch, len(shards))
         self._stats.set_epoch(self._epoch)
         p.queue.start_epoch(self._epoch)
         p.pool.start_epoch(self._epoch, plans)

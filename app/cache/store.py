@@ -1,0 +1,214 @@
+"""The cache directory's writer: publish, evict, recover (DESIGN.md, Cache directory).
+
+Invariants, kept by one lock in the one writer process (the sampler):
+- a shard appears under ``shards/<id>.tar`` only complete: written under
+  ``shards/.partial/``, verified, fsynced, then renamed;
+- its index ``shards/<id>.idx`` is in place before the shard is;
+- ``manifest.json`` is replaced atomically with a higher generation;
+- eviction publishes a manifest without the shard first, then unlinks it;
+- published bytes never exceed the budget: room is made before a publish.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..formats.shard_index import ShardError, build_index, index_path, write_index
+from .manifest import SHARDS_DIR, Manifest, ShardEntry, read_manifest, shard_path, write_manifest
+
+log = logging.getLogger("feedline.cache")
+
+PARTIAL_DIR = ".partial"
+
+
+class BudgetError(ValueError):
+    """A shard that cannot fit the budget even in an empty cache."""
+
+
+@dataclass
+class Recovery:
+    """What start-up found and did; every number is also logged."""
+
+    partial_removed: int = 0
+    adopted: int = 0
+    removed_invalid: int = 0
+    dropped_missing: int = 0
+    manifest_rebuilt: bool = False
+    evicted_over_budget: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CacheStore:
+    def __init__(self, root: str, budget_bytes: int, on_evict: Callable[[ShardEntry], None] | None = None):
+        self.root = os.path.abspath(root)
+        self.budget_bytes = budget_bytes
+        self.shards_dir = os.path.join(self.root, SHARDS_DIR)
+        self.partial_dir = os.path.join(self.shards_dir, PARTIAL_DIR)
+        self._lock = threading.Lock()
+        self._manifest = Manifest(budget_bytes=budget_bytes)
+        self._on_evict = on_evict
+        os.makedirs(self.partial_dir, exist_ok=True)
+        os.makedirs(os.path.join(self.root, "readers"), exist_ok=True)
+
+    # -- reading -------------------------------------------------------------------------
+
+    @property
+    def entries(self) -> list[ShardEntry]:
+        with self._lock:
+            return list(self._manifest.shards)
+
+    @property
+    def total_bytes(self) -> int:
+        with self._lock:
+            return self._manifest.total_bytes
+
+    @property
+    def generation(self) -> int:
+        with self._lock:
+            return self._manifest.generation
+
+    def ids(self) -> set[str]:
+        with self._lock:
+            return {s.id for s in self._manifest.shards}
+
+    def partial_path(self, shard_id: str) -> str:
+        return os.path.join(self.partial_dir, f"{shard_id}.tar.{os.getpid()}.{threading.get_ident()}")
+
+    # -- writing -------------------------------------------------------------------------
+
+    def _write(self, shards: list[ShardEntry]) -> None:
+        m = Manifest(self._manifest.generation + 1, self.budget_bytes, shards)
+        write_manifest(self.root, m)
+        self._manifest = m
+
+    def _evict_locked(self, victims: list[ShardEntry]) -> None:
+        if not victims:
+            return
+        gone = {v.id for v in victims}
+        self._write([s for s in self._manifest.shards if s.id not in gone])
+        for v in victims:  # readers that opened it keep reading (POSIX unlink)
+            for p in (shard_path(self.root, v.id), index_path(shard_path(self.root, v.id))):
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+            log.info("evicted %s (%d bytes, added %.0f s ago)", v.id, v.bytes, time.time() - v.added_at)
+            if self._on_evict is not None:
+                self._on_evict(v)
+
+    def evict_oldest(self, count: int) -> list[ShardEntry]:
+        with self._lock:
+            victims = sorted(self._manifest.shards, key=lambda s: s.added_at)[:count]
+            self._evict_locked(victims)
+            return victims
+
+    def publish(self, shard_id: str, partial: str, source: str = "", sha256: str = "") -> ShardEntry:
+        """Verify a downloaded file, make room, and publish it; raises ShardError or BudgetError."""
+        size = os.path.getsize(partial)
+        if size > self.budget_bytes:
+            raise BudgetError(f"shard {shard_id} is {size} bytes, larger than the whole budget "
+                              f"({self.budget_bytes} bytes): raise --budget / FEEDLINE_BUDGET")
+        index = build_index(partial)  # a complete tar, or ShardError
+        with open(partial, "rb") as f:
+            os.fsync(f.fileno())
+        final = shard_path(self.root, shard_id)
+        with self._lock:
+            if any(s.id == shard_id for s in self._manifest.shards):
+                os.unlink(partial)
+                return next(s for s in self._manifest.shards if s.id == shard_id)
+            by_age = sorted(self._manifest.shards, key=lambda s: s.added_at)
+            victims = []
+            total = self._manifest.total_bytes
+            while total + size > self.budget_bytes and by_age:
+                v = by_age.pop(0)
+                victims.append(v)
+                total -= v.bytes
+            self._evict_locked(victims)
+            write_index(index, index_path(final))
+            os.replace(partial, final)
+            _fsync_dir(self.shards_dir)
+            entry = ShardEntry(shard_id, size, len(index.samples), time.time(), source, sha256)
+            self._write(self._manifest.shards + [entry])
+        log.info("published %s (%d bytes, %d samples); cache %d / %d bytes in %d shards", shard_id, size,
+                 entry.samples, self.total_bytes, self.budget_bytes, len(self.entries))
+        return entry
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    def recover(self) -> Recovery:
+        """Bring the directory to a consistent state after any crash; nothing is trusted unverified."""
+        r = Recovery()
+        with self._lock:
+            for p in glob.glob(os.path.join(self.partial_dir, "*")):
+                shutil.rmtree(p) if os.path.isdir(p) else os.unlink(p)
+                r.partial_removed += 1
+            for p in glob.glob(os.path.join(self.root, "manifest.json.tmp.*")):
+                os.unlink(p)
+            try:
+                old = read_manifest(self.root)
+            except FileNotFoundError:
+                old = Manifest()
+            except ValueError as exc:
+                log.warning("%s; rebuilding it from the shard files", exc)
+                r.manifest_rebuilt = True
+                r.notes.append(str(exc))
+                old = Manifest()
+            known = {s.id: s for s in old.shards}
+            kept: list[ShardEntry] = []
+            on_disk = sorted(glob.glob(os.path.join(self.shards_dir, "*.tar")))
+            for path in on_disk:
+                sid = os.path.basename(path)[: -len(".tar")]
+                try:
+                    index = build_index(path)
+                except ShardError as exc:
+                    log.warning("removing %s: %s", path, exc.reason)
+                    for p in (path, index_path(path)):
+                        if os.path.exists(p):
+                            os.unlink(p)
+                    r.removed_invalid += 1
+                    continue
+                size = os.path.getsize(path)
+                entry = known.get(sid)
+                if entry is None or entry.bytes != size or entry.samples != len(index.samples):
+                    entry = ShardEntry(sid, size, len(index.samples), os.path.getmtime(path),
+                                       entry.source if entry else "", entry.sha256 if entry else "")
+                    if sid not in known:
+                        r.adopted += 1
+                write_index(index, index_path(path))
+                kept.append(entry)
+            present = {e.id for e in kept}
+            r.dropped_missing = sum(1 for sid in known if sid not in present)
+            for p in glob.glob(os.path.join(self.shards_dir, "*.idx")):
+                if os.path.basename(p)[: -len(".idx")] not in present:
+                    os.unlink(p)
+            self._manifest = Manifest(old.generation, self.budget_bytes, sorted(kept, key=lambda s: s.added_at))
+            self._write(self._manifest.shards)
+            if self._manifest.total_bytes > self.budget_bytes:
+                by_age = sorted(self._manifest.shards, key=lambda s: s.added_at)
+                victims, total = [], self._manifest.total_bytes
+                while total > self.budget_bytes:
+                    v = by_age.pop(0)
+                    victims.append(v)
+                    total -= v.bytes
+                self._evict_locked(victims)
+                r.evicted_over_budget = len(victims)
+        log.info("cache %s recovered: %d shards (%d bytes); %d partial files removed, %d shards adopted, "
+                 "%d invalid removed, %d missing dropped, %d evicted to fit the budget%s", self.root,
+                 len(self.entries), self.total_bytes, r.partial_removed, r.adopted, r.removed_invalid,
+                 r.dropped_missing, r.evicted_over_budget, ", manifest rebuilt" if r.manifest_rebuilt else "")
+        return r

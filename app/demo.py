@@ -1,0 +1,113 @@
+"""The main job (``feedline demo``, what ``./scripts/run`` starts).
+
+A real HTTP server on 127.0.0.1 serves the demo shards as the remote store; the
+sampler sidecar (``feedline sample``) and the trainer (``feedline train``) run as
+separate processes over a cache on ``/dev/shm``. Every process and the cache
+directory are removed on success, on failure and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from .config import Config, ConfigError
+from .sampler.http_store import FileStore
+
+log = logging.getLogger("feedline.demo")
+
+DEMO_CACHE = "/dev/shm/feedline"
+
+
+def _stop(proc: subprocess.Popen, name: str, timeout: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("%s did not stop within %.0f s of SIGTERM; killing it", name, timeout)
+        proc.kill()
+        proc.wait()
+
+
+def _sampler_args(cfg: Config, url: str, cache: str) -> list[str]:
+    keys = ("budget", "policy", "initial_shards", "grow_shards", "replace_fraction", "refresh_per_minute",
+            "fetch_threads", "max_mbps", "fetch_timeout", "retries", "min_shards", "seed", "log_level")
+    args = ["--source", url, "--cache", cache, "--metrics-port", "0", "--progress", "false"]
+    for k in keys:
+        args += [Config.flag_name(k), str(getattr(cfg, k))]
+    return args
+
+
+def _trainer_args(cfg: Config, cache: str, summary: str) -> list[str]:
+    keys = ("batch_size", "workers", "transfer_threads", "ring_slots", "shuffle_buffer", "seed", "drop_last",
+            "in_order", "zero_copy", "device", "max_sample_errors", "epochs", "step_ms", "image_size", "classes",
+            "max_steps", "log_level", "progress", "min_shards", "wait_timeout")
+    args = ["--cache", cache, "--summary-json", summary]
+    for k in keys:
+        args += [Config.flag_name(k), str(getattr(cfg, k))]
+    return args
+
+
+def run_demo(cfg: Config, data: str, console: Any) -> int:
+    shards = sorted(glob.glob(os.path.join(data, "*.tar")))
+    if not shards:
+        raise ConfigError(f"demo: no shards in {data}; make them with `feedline make-dataset jpeg {data}`")
+    cache = os.path.abspath(cfg.cache or DEMO_CACHE)
+    if os.path.exists(cache):
+        raise ConfigError(f"demo: the cache {cache} exists already (another run?); remove it or set --cache")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEEDLINE_")}  # flags carry the config
+    env["PYTHONUNBUFFERED"] = "1"
+    first, last = os.path.basename(shards[0]), os.path.basename(shards[-1])
+    prefix, ext = first.rsplit("-", 1)[0], ".tar"
+    numbers = (first[len(prefix) + 1: -len(ext)], last[len(prefix) + 1: -len(ext)])
+    tmp = tempfile.mkdtemp(prefix="feedline-demo-")
+    summary_path = os.path.join(tmp, "summary.json")
+    sampler_log = os.path.join(os.path.dirname(os.path.abspath(data)), "sampler.log")
+    procs: list[tuple[str, subprocess.Popen]] = []
+    try:
+        with FileStore(data) as store, open(sampler_log, "w") as slog:
+            url = f"{store.url}/{prefix}-{{{numbers[0]}..{numbers[1]}}}{ext}"
+            console.print(f"remote store: {store.url} serving {len(shards)} shards "
+                          f"({sum(os.path.getsize(s) for s in shards) / 1e6:.0f} MB) from {data}")
+            console.print(f"sampler: {url} -> {cache} (budget {cfg.budget / 2**20:.0f} MiB, policy {cfg.policy}); "
+                          f"log in {sampler_log}")
+            sampler = subprocess.Popen([sys.executable, "-m", "app.cli", "sample", *_sampler_args(cfg, url, cache)],
+                                       stdout=slog, stderr=subprocess.STDOUT, env=env)
+            procs.append(("sampler", sampler))
+            trainer = subprocess.Popen([sys.executable, "-m", "app.cli", "train",
+                                        *_trainer_args(cfg, cache, summary_path)], env=env)
+            procs.append(("trainer", trainer))
+            while trainer.poll() is None:
+                if sampler.poll() is not None:
+                    raise RuntimeError(f"the sampler exited with code {sampler.returncode}; see {sampler_log}")
+                time.sleep(0.2)
+            code = trainer.returncode
+            _stop(sampler, "sampler")
+            if sampler.returncode != 0:
+                console.print(f"[red]the sampler exited with code {sampler.returncode}[/red]; see {sampler_log}")
+            if code == 0 and os.path.exists(summary_path):
+                with open(summary_path) as f:
+                    doc = json.load(f)
+                growth = ", ".join(f"{e['shards']} ({e['shard_bytes'] / 1e6:.0f} MB)" for e in doc["epochs"])
+                console.print(f"cache per epoch, shards (size): {growth}; store requests: "
+                              f"{sum(store.requests.values())}")
+            return code
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping the trainer and the sampler[/yellow]")
+        return 130
+    finally:
+        for name, proc in reversed(procs):
+            _stop(proc, name)
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
