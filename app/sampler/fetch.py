@@ -18,6 +18,7 @@ import ssl
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .sources import SourceShard
@@ -70,7 +71,9 @@ class FetchResult:
 
 class Fetcher:
     def __init__(self, timeout: float, retries: int, stop: threading.Event, limiter: RateLimiter,
-                 backoff: float = 0.5, ca_file: str | None = None):
+                 backoff: float = 0.5, ca_file: str | None = None,
+                 on_error: Callable[[str], None] | None = None):
+        self.on_error = on_error or (lambda reason: None)  # every failed attempt, retried or not
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
@@ -116,6 +119,7 @@ class Fetcher:
                 return FetchResult(n, time.monotonic() - t0, attempt)
             except FetchError as exc:
                 _unlink(dest)
+                self.on_error(exc.reason)
                 if not exc.retry or attempt > self.retries or self.stop.is_set():
                     raise
                 delay = self.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
@@ -160,6 +164,9 @@ class Fetcher:
         except socket.timeout:
             self._drop(u.scheme, u.netloc)
             raise FetchError("timeout", f"stalled: no data for {self.timeout} s", retry=True) from None
+        except http.client.IncompleteRead as exc:
+            self._drop(u.scheme, u.netloc)
+            raise FetchError("truncated", f"the body ended early ({exc})", retry=True) from None
         except (OSError, http.client.HTTPException) as exc:
             self._drop(u.scheme, u.netloc)
             raise FetchError("connection", f"connection broke mid-shard: {exc}", retry=True) from None

@@ -75,8 +75,8 @@ class Sidecar:
         self.store = CacheStore(self.cache_dir, cfg.budget, on_evict=lambda e: self.metrics.cache_evictions.inc())
         self.policy: Policy = (GrowPolicy(cfg.initial_shards, cfg.grow_shards, cfg.replace_fraction)
                                if cfg.policy == "grow" else FillPolicy(cfg.fetch_threads, cfg.refresh_per_minute))
-        self.fetcher = Fetcher(cfg.fetch_timeout, cfg.retries, self.stop_event,
-                               RateLimiter(cfg.max_mbps * 1e6))
+        self.fetcher = Fetcher(cfg.fetch_timeout, cfg.retries, self.stop_event, RateLimiter(cfg.max_mbps * 1e6),
+                               on_error=lambda reason: self.metrics.fetch_errors.labels(reason=reason).inc())
         self._plan = shard_plan(self.shards, cfg.seed)
         self._lock = threading.Lock()
         self._in_flight: dict[str, Future] = {}
@@ -169,8 +169,7 @@ class Sidecar:
             self.fetched += 1
         except FetchAborted:
             log.info("stopping: discarded the partial download of %s", shard.id)
-        except FetchError as exc:
-            self.metrics.fetch_errors.labels(reason=exc.reason).inc()
+        except FetchError as exc:  # counted per attempt by the fetcher
             self._failed.add(shard.id)
             log.warning("skipping %s: %s", shard.url, exc)
         except ShardError as exc:

@@ -17,8 +17,8 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
-_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
-_LIST = re.compile(r"\{([^{}]*,[^{}]*)\}")
+_BRACE = re.compile(r"\{([^{}]*(?:\.\.|,)[^{}]*)\}")
+_RANGE = re.compile(r"(\d+)\.\.(\d+)")
 
 
 class SourceError(ValueError):
@@ -38,22 +38,19 @@ class SourceShard:
 
 
 def expand_braces(pattern: str) -> list[str]:
-    """``a-{000..002}.tar`` -> a-000.tar, a-001.tar, a-002.tar; ``{x,y}`` lists too (left to right)."""
-    m = _RANGE.search(pattern)
-    if m:
-        lo, hi = m.group(1), m.group(2)
+    """``a-{000..002}.tar`` -> a-000.tar, a-001.tar, a-002.tar; ``{x,y}`` lists too; left to right."""
+    m = _BRACE.search(pattern)
+    if m is None:
+        return [pattern]
+    head, body, tail = pattern[: m.start()], m.group(1), pattern[m.end():]
+    r = _RANGE.fullmatch(body)
+    if r:
+        lo, hi = r.group(1), r.group(2)
         width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
-        out = []
-        for i in range(int(lo), int(hi) + 1):
-            out.extend(expand_braces(pattern[: m.start()] + str(i).zfill(width) + pattern[m.end():]))
-        return out
-    m = _LIST.search(pattern)
-    if m:
-        out = []
-        for alt in m.group(1).split(","):
-            out.extend(expand_braces(pattern[: m.start()] + alt + pattern[m.end():]))
-        return out
-    return [pattern]
+        alts = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
+    else:
+        alts = body.split(",")
+    return [out for alt in alts for out in expand_braces(head + alt + tail)]
 
 
 def _stem(url: str) -> str:

@@ -1,0 +1,245 @@
+"""The cache directory: sources, plans, publish, eviction, recovery, fetching over real HTTP."""
+
+import hashlib
+import json
+import os
+import threading
+
+import pytest
+from helpers import id_shards
+
+from app.cache.manifest import read_manifest, shard_path
+from app.cache.store import BudgetError, CacheStore
+from app.formats.shard_index import ShardError
+from app.sampler.fetch import Fetcher, FetchError, RateLimiter
+from app.sampler.http_store import Fault, FileStore
+from app.sampler.policy import FillPolicy, GrowPolicy, shard_plan
+from app.sampler.sources import SourceError, SourceShard, expand_braces, list_shards
+
+
+@pytest.fixture
+def data(tmp_path):
+    d = tmp_path / "remote"
+    id_shards(str(d), shards=8, per_shard=20, payload=2048)
+    return d
+
+
+def _size(data):
+    return os.path.getsize(data / "ids-0000.tar")
+
+
+# -- sources and plans ----------------------------------------------------------------------------
+
+def test_brace_expansion_gives_zero_padded_ranges_and_lists():
+    assert expand_braces("s-{000..002}.tar") == ["s-000.tar", "s-001.tar", "s-002.tar"]
+    assert expand_braces("{a,b}/x-{8..10}.tar") == ["a/x-8.tar", "a/x-9.tar", "a/x-10.tar",
+                                                     "b/x-8.tar", "b/x-9.tar", "b/x-10.tar"]
+
+
+def test_http_url_patterns_become_shards_with_ids():
+    shards = list_shards("http://store/data/train-{0000..0002}.tar")
+    assert [s.id for s in shards] == ["train-0000", "train-0001", "train-0002"]
+    assert shards[1].url == "http://store/data/train-0001.tar"
+
+
+def test_an_index_file_gives_urls_checksums_and_sizes(tmp_path):
+    idx = tmp_path / "index.txt"
+    sha = "a" * 64
+    idx.write_text(f"# shards\nhttp://h/x.tar {sha} 1024\nsub/y.tar\n")
+    shards = list_shards(str(idx))
+    assert shards[0] == SourceShard("http://h/x.tar", "x", sha, 1024)
+    assert shards[1].url == str(tmp_path / "sub" / "y.tar")
+
+
+def test_pipe_and_shell_sources_are_refused():
+    with pytest.raises(SourceError, match="pipe"):
+        list_shards("pipe:curl http://x/a.tar")
+
+
+def test_the_same_seed_gives_the_same_plan_without_replacement(data):
+    shards = list_shards(str(data))
+    first = [next(p) for p in [shard_plan(shards, 3)] for _ in range(8)]
+    again = [s for s, _ in zip(shard_plan(shards, 3), range(8))]
+    other = [s for s, _ in zip(shard_plan(shards, 4), range(8))]
+    assert first == again
+    assert first != other
+    assert len({s.id for s in first}) == 8  # one round: each shard once
+
+
+def test_grow_policy_adds_per_epoch_then_replaces_a_fraction():
+    p = GrowPolicy(initial_shards=4, grow_shards=2, replace_fraction=0.25)
+    assert p.initial(cached=1) == 3
+    assert p.on_epoch(1, cached=4, full=False) == 2
+    assert p.on_epoch(2, cached=8, full=True) == 2
+
+
+def test_fill_policy_fills_then_refreshes_at_its_rate():
+    p = FillPolicy(fetch_threads=3, refresh_per_minute=60)
+    assert p.keep_busy(full=False, now=0.0, busy=1) == 2
+    assert p.keep_busy(full=True, now=10.0, busy=0) == 0
+    assert p.keep_busy(full=True, now=10.5, busy=0) == 0
+    assert p.keep_busy(full=True, now=11.0, busy=0) == 1
+
+
+# -- the store --------------------------------------------------------------------------------------
+
+def _publish(store, data, k):
+    src = data / f"ids-{k:04d}.tar"
+    partial = store.partial_path(f"ids-{k:04d}")
+    with open(src, "rb") as f, open(partial, "wb") as g:
+        g.write(f.read())
+    return store.publish(f"ids-{k:04d}", partial)
+
+
+def test_publish_places_shard_and_index_and_bumps_the_generation(tmp_path, data):
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=10 * _size(data))
+    store.recover()
+    gen = store.generation
+    entry = _publish(store, data, 0)
+    path = shard_path(store.root, entry.id)
+    assert os.path.exists(path) and os.path.exists(path[:-4] + ".idx")
+    m = read_manifest(store.root)
+    assert m.generation == gen + 1 and [s.id for s in m.shards] == ["ids-0000"] and m.shards[0].samples == 20
+    assert os.listdir(store.partial_dir) == []
+
+
+def test_budget_is_kept_by_evicting_the_oldest_first(tmp_path, data):
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=3 * _size(data) + 100)
+    store.recover()
+    for k in range(6):
+        _publish(store, data, k)
+        assert store.total_bytes <= store.budget_bytes
+        on_disk = sum(os.path.getsize(p) for p in (tmp_path / "cache" / "shards").glob("*.tar"))
+        assert on_disk <= store.budget_bytes
+    assert [e.id for e in store.entries] == ["ids-0003", "ids-0004", "ids-0005"]
+
+
+def test_a_shard_larger_than_the_budget_is_refused(tmp_path, data):
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=_size(data) // 2)
+    with pytest.raises(BudgetError, match="budget"):
+        _publish(store, data, 0)
+
+
+def test_a_non_tar_download_is_never_published(tmp_path):
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=1 << 20)
+    partial = store.partial_path("junk")
+    with open(partial, "wb") as f:
+        f.write(os.urandom(4096))
+    with pytest.raises(ShardError):
+        store.publish("junk", partial)
+    assert store.entries == []
+
+
+def test_recovery_removes_partials_and_invalid_shards_and_adopts_valid_ones(tmp_path, data):
+    root = tmp_path / "cache"
+    store = CacheStore(str(root), budget_bytes=10 * _size(data))
+    store.recover()
+    _publish(store, data, 0)
+    (root / "shards" / ".partial" / "ids-0001.tar.123").write_bytes(b"half a shard")
+    (root / "shards" / "ids-0002.tar").write_bytes((data / "ids-0002.tar").read_bytes())  # complete, unlisted
+    (root / "shards" / "torn.tar").write_bytes((data / "ids-0003.tar").read_bytes()[:5000])  # torn, unlisted
+    r = CacheStore(str(root), budget_bytes=10 * _size(data)).recover()
+    assert (r.partial_removed, r.adopted, r.removed_invalid) == (1, 1, 1)
+    ids = [s.id for s in read_manifest(str(root)).shards]
+    assert sorted(ids) == ["ids-0000", "ids-0002"]
+    assert not (root / "shards" / "torn.tar").exists()
+
+
+def test_a_corrupt_manifest_is_rebuilt_from_the_shard_files(tmp_path, data):
+    root = tmp_path / "cache"
+    store = CacheStore(str(root), budget_bytes=10 * _size(data))
+    store.recover()
+    _publish(store, data, 0)
+    _publish(store, data, 1)
+    (root / "manifest.json").write_text('{"generation": 4, "shards": [')
+    r = CacheStore(str(root), budget_bytes=10 * _size(data)).recover()
+    assert r.manifest_rebuilt
+    assert sorted(s.id for s in read_manifest(str(root)).shards) == ["ids-0000", "ids-0001"]
+
+
+def test_recovery_evicts_to_a_smaller_budget(tmp_path, data):
+    root = tmp_path / "cache"
+    store = CacheStore(str(root), budget_bytes=10 * _size(data))
+    store.recover()
+    for k in range(4):
+        _publish(store, data, k)
+    r = CacheStore(str(root), budget_bytes=2 * _size(data) + 10).recover()
+    assert r.evicted_over_budget == 2
+    assert [s.id for s in read_manifest(str(root)).shards] == ["ids-0002", "ids-0003"]
+
+
+# -- fetching over real HTTP ---------------------------------------------------------------------------
+
+@pytest.fixture
+def remote(data):
+    with FileStore(str(data)) as store:
+        yield store
+
+
+def _fetch(remote, tmp_path, name="ids-0000", retries=2, timeout=5.0, sha="", size=None):
+    fetcher = Fetcher(timeout, retries, threading.Event(), RateLimiter(0), backoff=0.01)
+    dest = str(tmp_path / f"{name}.part")
+    shard = SourceShard(f"{remote.url}/{name}.tar", name, sha, size)
+    try:
+        return fetcher.fetch(shard, dest, 1 << 30), dest
+    finally:
+        fetcher.close_thread()
+
+
+def test_a_fetch_streams_the_whole_shard(remote, data, tmp_path):
+    result, dest = _fetch(remote, tmp_path)
+    assert result.bytes == _size(data)
+    assert open(dest, "rb").read() == (data / "ids-0000.tar").read_bytes()
+
+
+def test_http_404_is_not_retried(remote, tmp_path):
+    with pytest.raises(FetchError) as err:
+        _fetch(remote, tmp_path, name="missing")
+    assert err.value.reason == "http_status" and remote.requests["missing.tar"] == 1
+    assert list(tmp_path.glob("*.part")) == []
+
+
+def test_http_500_is_retried_with_backoff(remote, tmp_path):
+    remote.faults["ids-0000.tar"] = Fault(status=500, times=2)
+    result, _ = _fetch(remote, tmp_path, retries=2)
+    assert result.attempts == 3
+
+
+def test_a_connection_reset_mid_shard_is_retried(remote, tmp_path):
+    remote.faults["ids-0000.tar"] = Fault(reset_after=10000, times=1)
+    result, _ = _fetch(remote, tmp_path)
+    assert result.attempts == 2
+
+
+def test_a_stalled_server_times_out(remote, tmp_path):
+    remote.faults["ids-0000.tar"] = Fault(stall_after=1000, stall_seconds=3, times=5)
+    with pytest.raises(FetchError) as err:
+        _fetch(remote, tmp_path, retries=0, timeout=0.5)
+    assert err.value.reason == "timeout"
+
+
+def test_a_truncated_body_is_detected(remote, tmp_path):
+    remote.faults["ids-0000.tar"] = Fault(truncate_to=5000, times=5)
+    with pytest.raises(FetchError) as err:
+        _fetch(remote, tmp_path, retries=1)
+    assert err.value.reason == "truncated"
+
+
+def test_a_checksum_mismatch_is_detected(remote, data, tmp_path):
+    with pytest.raises(FetchError) as err:
+        _fetch(remote, tmp_path, sha="0" * 64, retries=0)
+    assert err.value.reason == "checksum"
+    good = hashlib.sha256((data / "ids-0000.tar").read_bytes()).hexdigest()
+    assert _fetch(remote, tmp_path, sha=good)[0].bytes == _size(data)
+
+
+def test_the_bandwidth_cap_slows_fetching(remote, data, tmp_path):
+    import time
+
+    fetcher = Fetcher(5.0, 0, threading.Event(), RateLimiter(_size(data) * 2), backoff=0.01)
+    t0 = time.monotonic()
+    for k in range(4):
+        fetcher.fetch(SourceShard(f"{remote.url}/ids-000{k}.tar", f"s{k}"), str(tmp_path / f"s{k}"), 1 << 30)
+    fetcher.close_thread()
+    assert time.monotonic() - t0 >= 1.0  # 4 shards at 2 shards/s, the first second's tokens spent first
+    assert json.dumps(remote.requests)

@@ -1,0 +1,340 @@
+"""The sampler sidecar as a real process, a real HTTP store, and the loader reading its cache."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+import torch
+from helpers import id_shards
+
+from app import StagingLoader
+from app.cache.manifest import read_manifest, shard_path
+from app.formats.shard_index import build_index
+from app.sampler.http_store import Fault, FileStore
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEC = {"cls": "int64", "bin": ("uint8", (2048,))}
+N_SHARDS = 10
+
+
+@pytest.fixture
+def data(tmp_path):
+    d = tmp_path / "remote"
+    id_shards(str(d), shards=N_SHARDS, per_shard=20, payload=2048)
+    return d
+
+
+@pytest.fixture
+def remote(data):
+    with FileStore(str(data)) as store:
+        yield store
+
+
+@pytest.fixture
+def cache(tmp_path):
+    d = tmp_path / "cache"
+    yield str(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def shard_bytes(data):
+    return os.path.getsize(data / "ids-0000.tar")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sampler:
+    """`feedline sample` in its own process."""
+
+    def __init__(self, remote, cache, *args, port=None):
+        self.port = port or free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "sample", "--source", f"{remote.url}/ids-{{0000..{N_SHARDS - 1:04d}}}.tar",
+             "--cache", cache, "--metrics-port", str(self.port), "--progress", "false", "--retries", "1", *args],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def get(self, path):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError:
+            return None, ""
+
+    def wait_ready(self, timeout=20):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.stdout.read()
+            if self.get("/readyz")[0] == 200:
+                return
+            time.sleep(0.05)
+        raise AssertionError("the sampler never became ready")
+
+    def exit_output(self, timeout=30):
+        """Its output once it exits by itself (a refusal at start-up)."""
+        out, _ = self.proc.communicate(timeout=timeout)
+        return out
+
+    def stop(self, sig=signal.SIGTERM, timeout=10):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        out, _ = self.proc.communicate(timeout=timeout)
+        return out
+
+
+@pytest.fixture
+def samplers():
+    started = []
+    yield started
+    for s in started:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.communicate()
+
+
+def wait_for(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def manifest_ids(cache):
+    try:
+        return [s.id for s in read_manifest(cache).shards]
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+# -- growth and replacement -------------------------------------------------------------------------
+
+def test_the_cache_grows_at_each_new_loader_epoch(remote, cache, samplers, data):
+    s = Sampler(remote, cache, "--policy", "grow", "--initial-shards", "2", "--grow-shards", "2",
+                "--budget", str(20 * shard_bytes(data)), "--min-shards", "2")
+    samplers.append(s)
+    s.wait_ready()
+    seen = []
+    with StagingLoader(cache=cache, batch_size=8, workers=1, spec=SPEC, min_shards=2) as loader:
+        for epoch in range(3):
+            n = sum(len(b["cls"]) for b in loader)
+            seen.append(len(loader.epoch_shards))
+            assert n == 20 * len(loader.epoch_shards)
+            assert wait_for(lambda: len(manifest_ids(cache)) == 2 + 2 * (epoch + 1))
+    assert seen == [2, 4, 6]
+    assert s.stop() is not None and s.proc.returncode == 0
+
+
+def test_once_full_the_oldest_fraction_is_replaced_each_epoch(remote, cache, samplers, data):
+    s = Sampler(remote, cache, "--policy", "grow", "--initial-shards", "4", "--grow-shards", "2",
+                "--replace-fraction", "0.5", "--budget", str(4 * shard_bytes(data) + 100), "--min-shards", "4")
+    samplers.append(s)
+    s.wait_ready()
+    before = manifest_ids(cache)
+    with StagingLoader(cache=cache, batch_size=8, workers=1, spec=SPEC, min_shards=4) as loader:
+        sum(len(b["cls"]) for b in loader)
+        assert wait_for(lambda: len(set(manifest_ids(cache)) - set(before)) == 2)
+    after = manifest_ids(cache)
+    assert len(after) == 4
+    assert after[:2] == before[2:]  # the two oldest went, the newer two stayed, in age order
+
+
+# -- the invariants, under load ---------------------------------------------------------------------------
+
+def test_budget_is_never_exceeded_and_the_loader_never_reads_a_torn_shard(remote, cache, samplers, data):
+    budget = 3 * shard_bytes(data) + 100
+    s = Sampler(remote, cache, "--policy", "fill", "--refresh-per-minute", "1200", "--budget", str(budget),
+                "--min-shards", "3", "--fetch-threads", "2")
+    samplers.append(s)
+    s.wait_ready()
+    worst = {"manifest": 0, "disk": 0}
+    stop = threading.Event()
+
+    def watch():
+        shards_dir = os.path.join(cache, "shards")
+        while not stop.is_set():
+            try:
+                worst["manifest"] = max(worst["manifest"], read_manifest(cache).total_bytes)
+            except (FileNotFoundError, ValueError):
+                pass
+            disk = 0
+            for name in os.listdir(shards_dir):
+                if name.endswith(".tar"):
+                    try:
+                        disk += os.path.getsize(os.path.join(shards_dir, name))
+                    except FileNotFoundError:
+                        pass
+            worst["disk"] = max(worst["disk"], disk)
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with StagingLoader(cache=cache, batch_size=5, workers=2, spec=SPEC, min_shards=3,
+                           max_sample_errors=1000) as loader:
+            epochs_shards = set()
+            for _ in range(12):
+                for batch in loader:
+                    expected = (batch["cls"] % 251).to(torch.uint8)
+                    assert torch.equal(batch["bin"][:, 0], expected)
+                    assert torch.equal(batch["bin"][:, -1], expected)
+                epochs_shards.update(loader.epoch_shards)
+                time.sleep(0.05)
+            errors = loader.stats().sample_errors_total
+    finally:
+        stop.set()
+        watcher.join()
+    assert worst["manifest"] <= budget and worst["disk"] <= budget
+    assert {k: v for k, v in errors.items() if v and k != "evicted"} == {}
+    assert len(epochs_shards) > 3  # the cache really turned over while training
+
+
+def test_a_shard_evicted_before_it_was_opened_is_skipped_and_counted(cache, data):
+    from app.cache.store import CacheStore
+
+    store = CacheStore(cache, budget_bytes=10 * shard_bytes(data))
+    store.recover()
+    for k in range(3):
+        partial = store.partial_path(f"ids-{k:04d}")
+        shutil.copyfile(data / f"ids-{k:04d}.tar", partial)
+        store.publish(f"ids-{k:04d}", partial)
+    with StagingLoader(cache=cache, batch_size=8, workers=1, spec=SPEC) as loader:
+        os.unlink(shard_path(cache, "ids-0001"))  # evicted after the snapshot, before a worker opened it
+        n = sum(len(b["cls"]) for b in loader)
+        assert n == 40
+        assert loader.stats().sample_errors_total["evicted"] == 1
+
+
+def test_the_loader_waits_for_min_shards_and_then_says_why_it_gave_up(cache):
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="min_shards=2"):
+        StagingLoader(cache=cache, spec=SPEC, min_shards=2, wait_timeout=0.5)
+    assert time.monotonic() - t0 >= 0.5
+
+
+def test_the_loader_reports_its_epoch_for_the_sampler(remote, cache, samplers, data):
+    s = Sampler(remote, cache, "--initial-shards", "2", "--budget", str(20 * shard_bytes(data)))
+    samplers.append(s)
+    s.wait_ready()
+    with StagingLoader(cache=cache, batch_size=8, workers=1, spec=SPEC) as loader:
+        for _ in range(2):
+            for _ in loader:
+                pass
+    import json
+
+    state = json.loads(open(os.path.join(cache, "readers", "0.json")).read())
+    assert state["epoch"] == 1 and state["rank"] == 0 and state["generation"] >= 1
+
+
+# -- crashes and stops ---------------------------------------------------------------------------------
+
+def test_sigkill_mid_download_leaves_a_cache_the_next_start_recovers(remote, cache, samplers, data):
+    s = Sampler(remote, cache, "--policy", "fill", "--max-mbps", str(shard_bytes(data) / 4e6),
+                "--budget", str(5 * shard_bytes(data)), "--fetch-threads", "2")
+    samplers.append(s)
+    partial_dir = os.path.join(cache, "shards", ".partial")
+    assert wait_for(lambda: os.path.isdir(partial_dir) and os.listdir(partial_dir))
+    s.proc.kill()
+    s.proc.communicate()
+    assert os.listdir(partial_dir)  # killed mid-download
+    again = Sampler(remote, cache, "--policy", "fill", "--budget", str(5 * shard_bytes(data)), "--min-shards", "4")
+    samplers.append(again)
+    again.wait_ready()
+    assert again.stop() is not None and again.proc.returncode == 0
+    assert os.listdir(partial_dir) == []
+    m = read_manifest(cache)
+    assert m.total_bytes <= 5 * shard_bytes(data)
+    for entry in m.shards:
+        assert len(build_index(shard_path(cache, entry.id)).samples) == entry.samples == 20
+
+
+def test_sigterm_discards_the_download_in_flight_and_exits_within_seconds(remote, cache, samplers, data):
+    s = Sampler(remote, cache, "--policy", "fill", "--max-mbps", str(shard_bytes(data) / 10e6),
+                "--budget", str(5 * shard_bytes(data)))
+    samplers.append(s)
+    partial_dir = os.path.join(cache, "shards", ".partial")
+    assert wait_for(lambda: os.path.isdir(partial_dir) and os.listdir(partial_dir))
+    t0 = time.monotonic()
+    s.stop(signal.SIGTERM)
+    assert time.monotonic() - t0 < 5
+    assert s.proc.returncode == 0
+    assert os.listdir(partial_dir) == []
+
+
+# -- bad input -----------------------------------------------------------------------------------------
+
+def test_fetch_errors_are_counted_and_good_shards_still_arrive(remote, cache, samplers, data):
+    remote.faults["ids-0001.tar"] = Fault(status=404)
+    remote.faults["ids-0002.tar"] = Fault(reset_after=3000)
+    (data / "ids-0003.tar").write_bytes(os.urandom(shard_bytes(data)))  # not a tar
+    s = Sampler(remote, cache, "--policy", "fill", "--budget", str(20 * shard_bytes(data)), "--min-shards", "7")
+    samplers.append(s)
+    s.wait_ready()
+
+    def errors():
+        _, metrics = s.get("/metrics")
+        return {line.split("reason=\"")[1].split("\"")[0]: float(line.rsplit(" ", 1)[1])
+                for line in metrics.splitlines() if line.startswith("feedline_fetch_errors_total{")}
+
+    assert wait_for(lambda: errors().get("connection", 0) + errors().get("truncated", 0) >= 2)
+    counts = errors()
+    assert counts["http_status"] == 1  # a 404 is not retried
+    assert counts["connection"] + counts["truncated"] == 2  # a reset mid-body: tried, retried once, skipped
+    assert counts["not_tar"] == 1
+    assert sorted(manifest_ids(cache)) == [f"ids-{k:04d}" for k in range(N_SHARDS) if k not in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--budget", "1000"], ["budget", "smaller than a shard"]),
+    (["--budget", "100TiB"], ["budget", "shm_size", "sizeLimit"]),
+])
+def test_start_up_refuses_a_budget_that_cannot_work(remote, cache, samplers, args, words):
+    s = Sampler(remote, cache, *args)
+    samplers.append(s)
+    out = s.exit_output()
+    assert s.proc.returncode == 2
+    for w in words:
+        assert w in out
+
+
+def test_start_up_refuses_an_unreachable_source(cache):
+    port = free_port()
+    out = subprocess.run([sys.executable, "-m", "app.cli", "sample", "--source",
+                          f"http://127.0.0.1:{port}/s-{{0..3}}.tar", "--cache", cache, "--metrics-port", "0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "unreachable" in out.stderr and "--source" in out.stderr
+
+
+def test_a_metrics_port_in_use_is_refused_naming_port_and_setting(remote, cache, samplers):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        s = Sampler(remote, cache, port=port)
+        samplers.append(s)
+        out = s.exit_output()
+    assert s.proc.returncode == 2
+    assert str(port) in out and "--metrics-port" in out
+
+
+def test_health_and_readiness_endpoints(remote, cache, samplers, data):
+    s = Sampler(remote, cache, "--initial-shards", "3", "--min-shards", "3", "--budget", str(20 * shard_bytes(data)))
+    samplers.append(s)
+    assert wait_for(lambda: s.get("/healthz")[0] == 200)
+    s.wait_ready()
+    status, body = s.get("/readyz")
+    assert status == 200 and "3 shards" in body
