@@ -22,6 +22,10 @@ def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
     jpeg = doc["workloads"]["jpeg"]
     assert jpeg["DataLoader + stock Pillow"]["pil"] != jpeg["feedline (zero-copy)"]["pil"]  # the real baseline
     assert all(row["samples_per_s"] > 0 for rows in doc["workloads"].values() for row in rows.values())
-    assert len(doc["targets"]) == 4
+    assert len(doc["targets"]) == 6
+    fill = doc["sampler"]["fill"]
+    assert fill["sampler_gb_per_s"] > 0 and fill["curl_gb_per_s"] > 0
+    training = doc["sampler"]["training"]
+    assert training["prefilled"]["samples_per_s"] > 0 and training["filling"]["samples_per_s"] > 0
     md = out_md.read_text()
     assert "| feedline (zero-copy) |" in md and "### Targets" in md

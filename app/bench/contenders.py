@@ -109,7 +109,8 @@ def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str,
     else:
         spec = {"jpg": ("uint8", (args.image_size, args.image_size, 3)), "cls": "int64"}
         transform = RandomResizedCrop(args.image_size, fields=["jpg"])
-    return StagingLoader(shards, batch_size=args.batch_size, workers=args.workers,
+    source: dict[str, Any] = {"cache": args.cache, "min_shards": args.workers} if args.cache else {"shards": shards}
+    return StagingLoader(**source, batch_size=args.batch_size, workers=args.workers,
                          transfer_threads=args.transfer_threads, spec=spec, transform=transform, device=device,
                          zero_copy=args.zero_copy, shuffle=False)
 
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup-batches", type=int, default=4)
     p.add_argument("--zero-copy", action="store_true")
     p.add_argument("--no-draft", action="store_true")
+    p.add_argument("--cache", default="", help="feedline: read a sampler's cache instead of --shards")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     result = single_core_rate(args) if args.loader == "single-core" else run(args)
