@@ -196,8 +196,8 @@ class Config:
     def shard_list(self) -> list[str]:
         return [s.strip() for s in self.shards.split(",") if s.strip()]
 
-    def loader_kwargs(self) -> dict[str, Any]:
-        """The StagingLoader arguments this configuration sets."""
+    def loader_kwargs(self, serve_metrics: bool = False) -> dict[str, Any]:
+        """The StagingLoader arguments this configuration sets; the trainer serves metrics (9102)."""
         kw: dict[str, Any] = dict(min_shards=self.min_shards, wait_timeout=self.wait_timeout,
             batch_size=self.batch_size, workers=self.workers, transfer_threads=self.transfer_threads,
             shuffle_buffer=self.shuffle_buffer, seed=self.seed, drop_last=self.drop_last, in_order=self.in_order,
@@ -205,6 +205,9 @@ class Config:
         )
         if self.ring_slots:
             kw["ring_slots"] = self.ring_slots
+        kw["metrics_port"] = None if self.metrics_port == -1 and not serve_metrics else \
+            (9102 if self.metrics_port == -1 else self.metrics_port)
+        kw["metrics_addr"] = self.metrics_addr
         if self.cache:
             kw["cache"] = self.cache
         else:

@@ -109,7 +109,7 @@ class TrainSummary:
 def build_loader(cfg: Config) -> StagingLoader:
     transform = RandomResizedCrop(cfg.image_size, fields=["jpg"])
     return StagingLoader(transform=transform, spec={"jpg": ("uint8", (cfg.image_size, cfg.image_size, 3)),
-                                                     "cls": "int64"}, **cfg.loader_kwargs())
+                                                     "cls": "int64"}, **cfg.loader_kwargs(serve_metrics=True))
 
 
 def train(cfg: Config, loader: StagingLoader,

@@ -50,8 +50,12 @@ class _Pipeline:
         self.queue: DeviceQueue | DirectHandOff | None = None
         self.transfer: TransferStage | None = None
         self.pinned_ptr: int | None = None
+        self.metrics: Any = None
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         if self.queue is not None:
             self.queue.close()
         if self.transfer is not None:
@@ -104,6 +108,8 @@ class StagingLoader:
         starvation_window: float = 30.0,
         min_shards: int = 1,
         wait_timeout: float = 60.0,
+        metrics_port: int | None = None,
+        metrics_addr: str = "127.0.0.1",
     ):
         self.batch_size = _positive("batch_size", batch_size)
         self.workers = _positive("workers", workers)
@@ -167,6 +173,8 @@ class StagingLoader:
         p = self._pipeline = _Pipeline()
         self._finalizer = weakref.finalize(self, p.close)
         try:
+            if metrics_port is not None:
+                p.metrics = self._serve_metrics(metrics_addr, metrics_port)
             p.ring = BatchRing(layout, self.ring_slots, self.workers)
             if self.device.type == "cuda":
                 p.pinned_ptr = self._pin(p.ring)
@@ -250,6 +258,18 @@ class StagingLoader:
                 f"per batch of batch_size={self.batch_size}), but {budget.source} leaves {fmt_bytes(budget.available)}: "
                 f"use ring_slots <= {max(fits, 0)} or a smaller batch_size, or raise the memory limit"
             )
+
+    def _serve_metrics(self, addr: str, port: int) -> Any:
+        """/metrics of this loader, read at scrape time; a port in use is refused here, at start-up."""
+        from prometheus_client import CollectorRegistry
+
+        from ..metrics.exporter import MetricsServer
+        from ..metrics.loader_metrics import BuildInfo, LoaderCollector, torchrun_rank
+
+        registry = CollectorRegistry()
+        registry.register(LoaderCollector(self.stats, torchrun_rank()))
+        registry.register(BuildInfo())
+        return MetricsServer(registry, addr, port, setting="metrics_port (--metrics-port / FEEDLINE_METRICS_PORT)")
 
     @staticmethod
     def _pin(ring: BatchRing) -> int:
