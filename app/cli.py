@@ -176,6 +176,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(cfg, args.data, console)
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from .metrics.dashboard import render
+
+    with open(args.out, "w") as f:
+        f.write(render())
+    console.print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     _setup_logging("WARNING")
     from .bench.runner import main as bench_main
@@ -225,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     Config.add_arguments(p)
     p.add_argument("--data", default="data/demo-jpeg", help="the demo dataset's shards, served over HTTP")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("dashboard", help="write the Grafana dashboard JSON generated from code")
+    p.add_argument("--out", default="grafana/dashboards/feedline.json")
+    p.set_defaults(func=cmd_dashboard)
 
     from .bench.runner import add_arguments as bench_arguments
 

@@ -18,9 +18,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from typing import Any
 
 from .config import Config, ConfigError
+from .metrics.prometheus import PrometheusServer, free_port
 from .sampler.http_store import FileStore
 
 log = logging.getLogger("feedline.demo")
@@ -40,23 +42,45 @@ def _stop(proc: subprocess.Popen, name: str, timeout: float = 10.0) -> None:
         proc.wait()
 
 
-def _sampler_args(cfg: Config, url: str, cache: str) -> list[str]:
+def _sampler_args(cfg: Config, url: str, cache: str, port: int) -> list[str]:
     keys = ("budget", "policy", "initial_shards", "grow_shards", "replace_fraction", "refresh_per_minute",
             "fetch_threads", "max_mbps", "fetch_timeout", "retries", "min_shards", "seed", "log_level")
-    args = ["--source", url, "--cache", cache, "--metrics-port", "0", "--progress", "false"]
+    args = ["--source", url, "--cache", cache, "--metrics-port", str(port), "--progress", "false"]
     for k in keys:
         args += [Config.flag_name(k), str(getattr(cfg, k))]
     return args
 
 
-def _trainer_args(cfg: Config, cache: str, summary: str) -> list[str]:
+def _trainer_args(cfg: Config, cache: str, summary: str, port: int) -> list[str]:
     keys = ("batch_size", "workers", "transfer_threads", "ring_slots", "shuffle_buffer", "seed", "drop_last",
             "in_order", "zero_copy", "device", "max_sample_errors", "epochs", "step_ms", "image_size", "classes",
             "max_steps", "log_level", "progress", "min_shards", "wait_timeout")
-    args = ["--cache", cache, "--summary-json", summary]
+    args = ["--cache", cache, "--summary-json", summary, "--metrics-port", str(port)]
     for k in keys:
         args += [Config.flag_name(k), str(getattr(cfg, k))]
     return args
+
+
+def _start_prometheus(ports: dict[str, int], console: Any, stack: ExitStack) -> PrometheusServer | None:
+    try:
+        prom = stack.enter_context(PrometheusServer(ports))
+        prom.wait_until_ready()
+    except (FileNotFoundError, RuntimeError) as exc:
+        console.print(f"[yellow]Prometheus not started: {exc}[/yellow]")
+        return None
+    console.print(f"prometheus: {prom.url} scraping the sampler (:{ports['sampler']}) and the trainer "
+                  f"(:{ports['trainer']}) every second, with the rules of deploy/prometheus/rules/")
+    return prom
+
+
+def _prometheus_starvation(prom: PrometheusServer) -> float | None:
+    """The run's starvation as Prometheus computes it from the trainer's counters."""
+    wait = 'max_over_time(feedline_data_wait_seconds_total{component="trainer"}[1h])'
+    step = 'max_over_time(feedline_step_seconds_total{component="trainer"}[1h])'
+    try:
+        return prom.value(f"sum({wait}) / (sum({wait}) + sum({step}))")
+    except (OSError, RuntimeError):
+        return None
 
 
 def run_demo(cfg: Config, data: str, console: Any) -> int:
@@ -75,18 +99,21 @@ def run_demo(cfg: Config, data: str, console: Any) -> int:
     summary_path = os.path.join(tmp, "summary.json")
     sampler_log = os.path.join(os.path.dirname(os.path.abspath(data)), "sampler.log")
     procs: list[tuple[str, subprocess.Popen]] = []
+    ports = {"sampler": free_port(), "trainer": free_port()}
     try:
-        with FileStore(data) as store, open(sampler_log, "w") as slog:
+        with FileStore(data) as store, open(sampler_log, "w") as slog, ExitStack() as stack:
+            prom = _start_prometheus(ports, console, stack)
             url = f"{store.url}/{prefix}-{{{numbers[0]}..{numbers[1]}}}{ext}"
             console.print(f"remote store: {store.url} serving {len(shards)} shards "
                           f"({sum(os.path.getsize(s) for s in shards) / 1e6:.0f} MB) from {data}")
             console.print(f"sampler: {url} -> {cache} (budget {cfg.budget / 2**20:.0f} MiB, policy {cfg.policy}); "
                           f"log in {sampler_log}")
-            sampler = subprocess.Popen([sys.executable, "-m", "app.cli", "sample", *_sampler_args(cfg, url, cache)],
+            sampler = subprocess.Popen([sys.executable, "-m", "app.cli", "sample",
+                                        *_sampler_args(cfg, url, cache, ports["sampler"])],
                                        stdout=slog, stderr=subprocess.STDOUT, env=env)
             procs.append(("sampler", sampler))
             trainer = subprocess.Popen([sys.executable, "-m", "app.cli", "train",
-                                        *_trainer_args(cfg, cache, summary_path)], env=env)
+                                        *_trainer_args(cfg, cache, summary_path, ports["trainer"])], env=env)
             procs.append(("trainer", trainer))
             while trainer.poll() is None:
                 if sampler.poll() is not None:
@@ -102,6 +129,13 @@ def run_demo(cfg: Config, data: str, console: Any) -> int:
                 growth = ", ".join(f"{e['shards']} ({e['shard_bytes'] / 1e6:.0f} MB)" for e in doc["epochs"])
                 console.print(f"cache per epoch, shards (size): {growth}; store requests: "
                               f"{sum(store.requests.values())}")
+                loader = doc["loader"]
+                own = loader["data_wait_seconds_total"] / max(1e-9, loader["data_wait_seconds_total"]
+                                                               + loader["step_seconds_total"])
+                seen = _prometheus_starvation(prom) if prom is not None else None
+                console.print(f"starvation over the run: loader {own:.3f}, Prometheus "
+                              + (f"{seen:.3f} (from its scrapes of the trainer's /metrics)" if seen is not None
+                                 else "not available"))
             return code
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the trainer and the sampler[/yellow]")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from .. import __version__
 from ..sampler.fetch import FETCH_ERRORS
+
+disable_created_metrics()  # no *_created series: nothing on the dashboard would use them
 
 FETCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -31,6 +33,8 @@ class SamplerMetrics:
         self.build_info = Gauge("feedline_build_info", "Build metadata; the value is 1.", ["version"], registry=r)
         for reason in FETCH_ERRORS:
             self.fetch_errors.labels(reason=reason)
+        for kind in ("size", "free"):
+            self.shm_bytes.labels(kind=kind)
         self.build_info.labels(version=__version__).set(1)
 
     def observe_cache(self, total_bytes: int, budget: int, shards: int, cache_dir: str) -> None:

@@ -1,0 +1,198 @@
+"""The Grafana dashboard, generated from code so it stays true to the exported metrics.
+
+``feedline dashboard`` writes ``grafana/dashboards/feedline.json``, the file Grafana
+loads; a test checks the committed file is exactly what this code produces, that
+every expression names only exported metrics, and that every exported metric is
+shown somewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+UID = "feedline"
+DATASOURCE_UID = "feedline-prometheus"
+SEL = '{job=~"$job", instance=~"$instance"}'
+RI = "$__rate_interval"
+
+
+@dataclass
+class Query:
+    expr: str
+    legend: str
+    optional: bool = False  # only present where an extra exporter runs (DCGM)
+
+
+@dataclass
+class Panel:
+    title: str
+    description: str
+    unit: str
+    queries: list[Query]
+    kind: str = "timeseries"
+    width: int = 8
+    max: float | None = None
+    right_axis: list[str] = field(default_factory=list)  # legends drawn on a right axis
+
+
+def _rate(metric: str, by: str = "") -> str:
+    group = f" by ({by})" if by else ""
+    return f"sum{group} (rate({metric}{SEL}[{RI}]))"
+
+
+def _quantile(q: float, metric: str) -> str:
+    return f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{SEL}[{RI}])))"
+
+
+STARVATION = (f"{_rate('feedline_data_wait_seconds_total')} / ({_rate('feedline_data_wait_seconds_total')} + "
+              f"{_rate('feedline_step_seconds_total')})")
+
+ROWS: list[tuple[str, list[Panel]]] = [
+    ("Starvation: is the training loop waiting for data?", [
+        Panel("GPU starvation ratio",
+              "Share of wall time the training loop spent blocked in next(loader): data wait / (data wait + step). "
+              "Near 0: the pipeline keeps up. Above 0.2 for 10 minutes fires FeedlineInputStarved.",
+              "percentunit", [Query(STARVATION, "from rates"),
+                              Query(f"avg(feedline_gpu_starvation_ratio{SEL})", "loader's own (30 s window)")],
+              max=1),
+        Panel("Data wait per step",
+              "Quantiles of the time one next(loader) call blocked. The step's compute is not in it.",
+              "s", [Query(_quantile(q, "feedline_data_wait_seconds"), f"p{int(q * 100)}") for q in (0.5, 0.9, 0.99)]),
+        Panel("GPU utilisation (DCGM)",
+              "The GPU's own view, from dcgm-exporter when its compose profile runs: graphics engine active and "
+              "GPU utilisation. Low utilisation with high starvation means the input pipeline is the bottleneck.",
+              "percentunit", [Query("avg(DCGM_FI_PROF_GR_ENGINE_ACTIVE)", "engine active", optional=True),
+                              Query("avg(DCGM_FI_DEV_GPU_UTIL) / 100", "GPU util", optional=True)], max=1),
+    ]),
+    ("Throughput", [
+        Panel("Samples per second", "Samples decoded into the batch ring, per second.", "short",
+              [Query(_rate("feedline_samples_total"), "samples/s")]),
+        Panel("Bytes per second by stage",
+              "read: shard bytes the workers read; decoded: bytes written into the ring; transferred: bytes handed "
+              "to the training loop (to the GPU with CUDA).", "Bps",
+              [Query(_rate("feedline_bytes_total", "stage"), "{{stage}}")]),
+        Panel("Host-to-device copy",
+              "Copy time per batch (p90), and the time the consumer's CUDA stream waited on the copy event per "
+              "second (CUDA only; 0 on CPU hosts).", "s",
+              [Query(_quantile(0.9, "feedline_h2d_seconds"), "copy p90"),
+               Query(_rate("feedline_h2d_wait_seconds_total"), "stream wait per second")]),
+    ]),
+    ("Queues", [
+        Panel("Queue depth vs capacity",
+              "Slots of the shared-memory ring: free (waiting for a worker), decoded (filled, waiting for a transfer "
+              "thread), device (ready for the loop). An empty decoded queue with starvation: workers are too slow.",
+              "short", [Query(f"sum by (queue) (feedline_queue_depth{SEL})", "{{queue}} depth"),
+                        Query(f"sum by (queue) (feedline_queue_capacity{SEL})", "{{queue}} capacity")], width=12),
+        Panel("Loader epoch", "The epoch the training loop is in; the cache grows at each new one.", "short",
+              [Query(f"max(feedline_loader_epoch{SEL})", "epoch")], width=12),
+    ]),
+    ("Workers", [
+        Panel("Workers busy / idle", "Decode worker processes holding a slot to fill, or waiting.", "short",
+              [Query(f"sum by (state) (feedline_workers{SEL})", "{{state}}")]),
+        Panel("Worker restarts", "Worker processes replaced after a crash, per second.", "short",
+              [Query(_rate("feedline_worker_restarts_total"), "restarts/s")]),
+        Panel("Sample errors by reason", "Samples skipped (and counted) per second, by reason; the trainer logs "
+              "each shard and key.", "short", [Query(_rate("feedline_sample_errors_total", "reason"), "{{reason}}")]),
+    ]),
+    ("Cache (sampler sidecar)", [
+        Panel("Cache bytes vs budget", "Published shard bytes in the cache, and the budget they never exceed.",
+              "bytes", [Query(f"sum(feedline_cache_bytes{SEL})", "cached"),
+                        Query(f"sum(feedline_cache_budget_bytes{SEL})", "budget")]),
+        Panel("Cache shards and growth per epoch",
+              "Shards in the cache next to the loader's epoch: with the grow policy the cache steps up at each "
+              "new epoch until the budget is full, then turns over.", "short",
+              [Query(f"sum(feedline_cache_shards{SEL})", "shards"),
+               Query(f"max(feedline_loader_epoch{SEL})", "epoch")], right_axis=["epoch"]),
+        Panel("Evictions", "Shards evicted (oldest first) per second.", "short",
+              [Query(_rate("feedline_cache_evictions_total"), "evictions/s")]),
+        Panel("Fetch rate", "Bytes fetched and published per second, and the p90 time to fetch one shard.",
+              "Bps", [Query(_rate("feedline_fetch_bytes_total"), "fetched"),
+                      Query(_quantile(0.9, "feedline_fetch_seconds"), "fetch p90 (s)")],
+              right_axis=["fetch p90 (s)"]),
+        Panel("Fetch errors by reason", "Failed download attempts per second, retried ones included.", "short",
+              [Query(_rate("feedline_fetch_errors_total", "reason"), "{{reason}}")]),
+        Panel("Build", "feedline version of each process.", "short",
+              [Query(f"sum by (instance, version) (feedline_build_info{SEL})", "{{instance}} {{version}}")],
+              kind="table"),
+    ]),
+    ("Shared memory", [
+        Panel("/dev/shm size and free", "The cache filesystem's size and free bytes; under 10 % free for 5 minutes "
+              "fires FeedlineShmAlmostFull.", "bytes",
+              [Query(f"min by (kind) (feedline_shm_bytes{SEL})", "{{kind}}")], width=24),
+    ]),
+]
+
+
+def _target(q: Query, ref: str) -> dict[str, Any]:
+    return {"datasource": {"type": "prometheus", "uid": "${datasource}"}, "expr": q.expr,
+            "legendFormat": q.legend, "refId": ref, "range": True}
+
+
+def _panel(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": p.unit}
+    if p.max is not None:
+        defaults.update(min=0, max=p.max)
+    overrides = [{"matcher": {"id": "byName", "options": name},
+                  "properties": [{"id": "custom.axisPlacement", "value": "right"}, {"id": "unit", "value": "short"}]}
+                 for name in p.right_axis]
+    panel: dict[str, Any] = {
+        "id": pid, "type": p.kind, "title": p.title, "description": p.description,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "gridPos": {"h": 8, "w": p.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": defaults, "overrides": overrides},
+        "targets": [_target(q, chr(ord("A") + i)) for i, q in enumerate(p.queries)],
+    }
+    if p.kind == "table":
+        panel["targets"][0]["format"] = "table"
+        panel["targets"][0]["instant"] = True
+        panel["targets"][0]["range"] = False
+    else:
+        panel["options"] = {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}}
+    return panel
+
+
+def _variable(name: str, label: str, query: str) -> dict[str, Any]:
+    return {"name": name, "label": label, "type": "query", "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "query": {"query": query, "refId": name}, "definition": query, "refresh": 2, "includeAll": True,
+            "multi": True, "allValue": ".*", "current": {"selected": True, "text": "All", "value": "$__all"},
+            "sort": 1}
+
+
+def build() -> dict[str, Any]:
+    panels: list[dict[str, Any]] = []
+    pid, y = 1, 0
+    for title, row in ROWS:
+        panels.append({"id": pid, "type": "row", "title": title, "collapsed": False,
+                       "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
+        pid, y, x = pid + 1, y + 1, 0
+        for p in row:
+            if x + p.width > 24:
+                x, y = 0, y + 8
+            panels.append(_panel(p, pid, x, y))
+            pid, x = pid + 1, x + p.width
+        y += 8
+    return {
+        "uid": UID, "title": "feedline: is the GPU fed?", "tags": ["feedline", "training", "data-loading"],
+        "description": "Starvation, throughput, queues, workers, cache and /dev/shm of the feedline appliance.",
+        "editable": True, "graphTooltip": 1, "refresh": "10s", "schemaVersion": 39, "version": 1,
+        "time": {"from": "now-30m", "to": "now"}, "timezone": "",
+        "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+             "current": {"selected": True, "text": "Prometheus", "value": DATASOURCE_UID}, "refresh": 1},
+            _variable("job", "Job", "label_values(feedline_build_info, job)"),
+            _variable("instance", "Instance", 'label_values(feedline_build_info{job=~"$job"}, instance)'),
+        ]},
+        "annotations": {"list": []},
+        "panels": panels,
+    }
+
+
+def expressions(include_optional: bool = True) -> list[str]:
+    """Every PromQL expression on the dashboard (template variables not substituted)."""
+    return [q.expr for _, row in ROWS for p in row for q in p.queries if include_optional or not q.optional]
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2) + "\n"
