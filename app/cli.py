@@ -176,6 +176,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(cfg, args.data, console)
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    cfg = Config.load(args)
+    _setup_logging("WARNING")
+    from .loader.loader import default_ring_slots
+    from .preflight import check_docker, check_gpu, check_memory_for, check_pillow_simd, check_shm, fmt_bytes
+    from .sampler.sidecar import DEFAULT_CACHE
+
+    cache = cfg.cache or DEFAULT_CACHE
+    slots = cfg.ring_slots or default_ring_slots(cfg.workers, cfg.transfer_threads)
+    ring = slots * cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 8)
+    checks = [
+        check_shm(cache, cfg.budget, extra=cfg.fetch_threads * (64 << 20)),
+        check_memory_for(f"the sampler's cache ({fmt_bytes(cfg.budget)} of tmpfs pages)", cfg.budget),
+        check_memory_for(f"the trainer's batch ring ({slots} slots of {cfg.batch_size} demo samples)", ring),
+        check_gpu(),
+        check_pillow_simd(),
+        *check_docker(cfg.budget),
+    ]
+    table = Table(title="feedline doctor")
+    for col in ("check", "", "what was found", "what to change"):
+        table.add_column(col)
+    for c in checks:
+        mark = {True: "[green]ok[/green]", False: "[red]FAIL[/red]", None: "[dim]skip[/dim]"}[c.ok]
+        table.add_row(c.name, mark, c.detail, c.fix if c.ok is not True else "")
+    console.print(table)
+    return 1 if any(c.ok is False for c in checks) else 0
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from .metrics.dashboard import render
 
@@ -234,6 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     Config.add_arguments(p)
     p.add_argument("--data", default="data/demo-jpeg", help="the demo dataset's shards, served over HTTP")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("doctor", help="preflight: /dev/shm, memory limits, GPU, pillow-simd, Docker")
+    Config.add_arguments(p)
+    p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("dashboard", help="write the Grafana dashboard JSON generated from code")
     p.add_argument("--out", default="grafana/dashboards/feedline.json")

@@ -90,6 +90,12 @@ class Config:
     max_mbps: float = setting(0.0, "bandwidth cap of the downloads in MB/s (0: none)", minimum=0)
     fetch_timeout: float = setting(30.0, "seconds without data before a download is retried", minimum=0.1)
     retries: int = setting(3, "retries of a failed download (with exponential backoff and jitter)", minimum=0)
+    partition_index: int = setting(0, "sampler: which part of the source this node samples (multi-node)",
+                                   minimum=0)
+    partition_count: int = setting(1, "sampler: how many parts the source is split into (one per node)",
+                                   minimum=1)
+    rank_scope: str = setting("global", "loader: split shards by the global RANK, or by LOCAL_RANK when each "
+                              "node's cache holds its own partition", choices=("global", "local"))
     metrics_port: int = setting(-1, "metrics/health port (-1: 9101 for sample, 9102 for train; 0: any free)",
                                 minimum=-1, maximum=65535)
     metrics_addr: str = setting("127.0.0.1", "address the metrics endpoint binds (0.0.0.0 in containers)")
@@ -182,6 +188,9 @@ class Config:
                               "or FEEDLINE_CACHE / --cache)")
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
             raise ConfigError(f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N")
+        if self.partition_index >= self.partition_count:
+            raise ConfigError(f"partition_index: {self.partition_index} is not below partition_count="
+                              f"{self.partition_count} (FEEDLINE_PARTITION_INDEX / FEEDLINE_PARTITION_COUNT)")
         if self.ring_slots and self.ring_slots < self.workers:
             raise ConfigError(f"ring_slots: {self.ring_slots} is fewer than workers={self.workers}; "
                               f"use 0 (automatic) or at least {2 * self.workers}")
@@ -208,6 +217,10 @@ class Config:
         kw["metrics_port"] = None if self.metrics_port == -1 and not serve_metrics else \
             (9102 if self.metrics_port == -1 else self.metrics_port)
         kw["metrics_addr"] = self.metrics_addr
+        if self.rank_scope == "local":
+            from .loader.plan import Rank
+
+            kw["rank"] = Rank.detect(local=True)
         if self.cache:
             kw["cache"] = self.cache
         else:

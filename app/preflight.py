@@ -1,4 +1,8 @@
-"""Start-up checks against the memory a process can really use, so nothing dies of SIGBUS later."""
+"""Start-up checks, so nothing dies of SIGBUS later: memory, /dev/shm, GPU, pillow-simd, Docker.
+
+``feedline doctor`` runs them all and says what to change; the sidecar and the trainer run the
+ones that concern them at start-up and refuse to start into a certain bus error.
+"""
 
 from __future__ import annotations
 
@@ -83,3 +87,97 @@ def fmt_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+# -- the checks behind `feedline doctor` (and the sidecar's and trainer's start-up) -------------------
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool | None  # None: not applicable here (skipped), with the reason in detail
+    detail: str
+    fix: str = ""
+
+
+SHM_HEADROOM = 64 << 20
+
+
+def check_shm(path: str, budget: int, extra: int = 0) -> Check:
+    """The cache filesystem must hold the budget, the downloads in flight and some headroom."""
+    try:
+        size, free = fs_space(path if os.path.exists(path) else os.path.dirname(path) or "/")
+    except OSError as exc:
+        return Check("cache filesystem", False, f"cannot stat {path}: {exc.strerror}", "create it or set --cache")
+    need = budget + extra + max(SHM_HEADROOM, budget // 10)
+    detail = (f"{path}: {fmt_bytes(size)} in all, {fmt_bytes(free)} free; the cache budget {fmt_bytes(budget)} "
+              f"plus downloads in flight and headroom need {fmt_bytes(need)}")
+    if size >= need:
+        return Check("cache filesystem", True, detail)
+    return Check("cache filesystem", False, detail,
+                 f"give /dev/shm at least {fmt_bytes(need)}: docker compose `shm_size` (FEEDLINE_SHM_SIZE in .env), "
+                 f"`docker run --shm-size`, or the Kubernetes emptyDir's `sizeLimit`; or lower --budget")
+
+
+def check_memory_for(what: str, need: int) -> Check:
+    """tmpfs pages and the ring are charged to the memory limit of the container that writes them."""
+    mb = memory_budget()
+    limit = f"cgroup limit {fmt_bytes(mb.cgroup_limit)}" if mb.cgroup_limit else "no cgroup limit"
+    detail = f"{what} needs {fmt_bytes(need)}; {mb.source} leaves {fmt_bytes(mb.available)} ({limit})"
+    if need <= mb.available:
+        return Check(f"memory for {what}", True, detail)
+    return Check(f"memory for {what}", False, detail,
+                 "raise the container's memory limit (compose `mem_limit`, Kubernetes `resources.limits.memory`) "
+                 "to cover it, or lower the budget / ring")
+
+
+def check_gpu() -> Check:
+    try:
+        import torch
+    except ImportError:
+        return Check("GPU", False, "torch is not installed", "install torch (the CUDA build on GPU hosts)")
+    if torch.cuda.is_available():
+        return Check("GPU", True, f"{torch.cuda.device_count()} visible: {torch.cuda.get_device_name(0)} "
+                                  f"(torch {torch.__version__})")
+    return Check("GPU", None, f"no CUDA device visible (torch {torch.__version__}); the loader runs on the CPU",
+                 "on a GPU host: reserve the GPU (compose `deploy.resources.reservations.devices`, Kubernetes "
+                 "`nvidia.com/gpu`) and use the NVIDIA container runtime")
+
+
+def check_pillow_simd() -> Check:
+    try:
+        import PIL
+        import PIL.features
+    except ImportError:
+        return Check("pillow-simd", False, "PIL is not installed", "run ./scripts/setup")
+    simd = PIL.__version__.endswith(".post0") or ".post" in PIL.__version__
+    turbo = bool(PIL.features.check_feature("libjpeg_turbo"))
+    detail = f"PIL {PIL.__version__}, libjpeg-turbo {'yes' if turbo else 'no'}"
+    if simd and turbo:
+        return Check("pillow-simd", True, detail)
+    return Check("pillow-simd", False, detail, "plain Pillow decodes JPEG ~1.6x slower: pip uninstall pillow, then "
+                 "build pillow-simd (./scripts/setup does; the Dockerfile's build stage does)")
+
+
+def check_docker(budget: int) -> list[Check]:
+    """With a reachable Docker engine: the NVIDIA runtime and the running appliance's /dev/shm."""
+    try:
+        import docker
+    except ImportError:
+        return [Check("docker", None, "the docker Python SDK is not installed")]
+    try:
+        client = docker.from_env(timeout=3)
+        client.ping()
+    except Exception as exc:  # no engine here: nothing to check
+        return [Check("docker", None, f"no Docker engine reachable ({type(exc).__name__})")]
+    checks = []
+    runtimes = client.info().get("Runtimes", {})
+    checks.append(Check("docker NVIDIA runtime", "nvidia" in runtimes, f"runtimes: {', '.join(runtimes)}",
+                        "install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure --runtime=docker`"))
+    for c in client.containers.list(filters={"label": "com.docker.compose.service=sampler"}):
+        hc = c.attrs.get("HostConfig", {})
+        shm = int(hc.get("ShmSize") or 0)
+        need = budget + max(SHM_HEADROOM, budget // 10)
+        checks.append(Check(f"container {c.name} /dev/shm", shm >= need,
+                            f"shm_size {fmt_bytes(shm)}, ipc {hc.get('IpcMode')}; the budget needs {fmt_bytes(need)}",
+                            f"set FEEDLINE_SHM_SIZE (compose shm_size) to at least {fmt_bytes(need)}"))
+    return checks

@@ -41,6 +41,11 @@ def _positive(name: str, value: int, minimum: int = 1) -> int:
     return int(value)
 
 
+def default_ring_slots(workers: int, transfer_threads: int, device_queue: int = 2) -> int:
+    """Two slots a worker, one a transfer thread, and the batches ready ahead of the loop."""
+    return 2 * workers + transfer_threads + device_queue
+
+
 class _Pipeline:
     """The resources of a running loader, closable without a reference to the loader."""
 
@@ -117,7 +122,7 @@ class StagingLoader:
         self.shuffle_buffer = _positive("shuffle_buffer", shuffle_buffer, 0)
         device_queue = _positive("device_queue", device_queue)
         self.ring_slots = _positive("ring_slots", ring_slots if ring_slots is not None
-                                    else 2 * self.workers + self.transfer_threads + device_queue, 2)
+                                    else default_ring_slots(self.workers, self.transfer_threads, device_queue), 2)
         if self.ring_slots < self.workers:
             raise ValueError(f"ring_slots={self.ring_slots} is fewer than workers={self.workers}: "
                              f"give every worker a slot (ring_slots >= {2 * self.workers} is a good start)")

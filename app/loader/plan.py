@@ -13,8 +13,18 @@ class Rank:
     world_size: int
 
     @classmethod
-    def detect(cls) -> "Rank":
-        """torch.distributed when initialised, else torchrun's RANK/WORLD_SIZE, else 0 of 1."""
+    def detect(cls, local: bool = False) -> "Rank":
+        """torch.distributed when initialised, else torchrun's RANK/WORLD_SIZE, else 0 of 1.
+
+        ``local``: torchrun's LOCAL_RANK/LOCAL_WORLD_SIZE, for a node-local cache that holds
+        only this node's partition of the data.
+        """
+        if local:
+            rank = int(os.environ.get("LOCAL_RANK", "0"))
+            world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            if not 0 <= rank < world:
+                raise ValueError(f"LOCAL_RANK={rank} is outside LOCAL_WORLD_SIZE={world}")
+            return cls(rank, world)
         try:
             import torch.distributed as dist
 

@@ -22,7 +22,7 @@ from ..config import Config, ConfigError
 from ..formats.shard_index import ShardError
 from ..metrics.exporter import MetricsServer
 from ..metrics.sampler_metrics import SamplerMetrics
-from ..preflight import fmt_bytes, fs_space
+from ..preflight import check_memory_for, fmt_bytes, fs_space
 from .fetch import FetchAborted, FetchError, Fetcher, RateLimiter
 from .policy import FillPolicy, GrowPolicy, Policy, shard_plan
 from .sources import SourceError, SourceShard, list_shards
@@ -32,6 +32,7 @@ log = logging.getLogger("feedline.sampler")
 DEFAULT_CACHE = "/dev/shm/feedline"
 DEFAULT_PORT = 9101
 PROBE_SHARDS = 8  # HTTP shards whose size is checked against the budget at start-up
+PROCESS_MEMORY = 128 << 20  # the sidecar's own memory, on top of the cache it writes
 
 
 def _fetch_text(url: str, timeout: float) -> str:
@@ -95,8 +96,12 @@ class Sidecar:
         except OSError as exc:
             raise ConfigError(f"source (--source / FEEDLINE_SOURCE) {self.cfg.source!r} is unreachable: {exc}") \
                 from None
+        if self.cfg.partition_count > 1:
+            shards = shards[self.cfg.partition_index::self.cfg.partition_count]
+            log.info("node partition %d of %d", self.cfg.partition_index, self.cfg.partition_count)
         if not shards:
-            raise ConfigError(f"source (--source / FEEDLINE_SOURCE) {self.cfg.source!r} lists no shard")
+            raise ConfigError(f"source (--source / FEEDLINE_SOURCE) {self.cfg.source!r} lists no shard"
+                              + (" for this partition" if self.cfg.partition_count > 1 else ""))
         http_shards = [s for s in shards if s.is_http]
         if http_shards:
             probe = http_shards[:PROBE_SHARDS]
@@ -121,18 +126,22 @@ class Sidecar:
             raise ConfigError(f"budget (--budget / FEEDLINE_BUDGET) is {fmt_bytes(budget)}, smaller than a shard of "
                               f"{fmt_bytes(self._largest_seen)}: set it to at least a few shards' worth")
         os.makedirs(self.cache_dir, exist_ok=True)
-        size, free = fs_space(self.cache_dir)
         cached = 0
         for root, _, files in os.walk(self.cache_dir):
             cached += sum(os.path.getsize(os.path.join(root, f)) for f in files)
-        need = budget + self._largest_seen * self.cfg.fetch_threads  # plus partial downloads in flight
-        if free + cached < need:
+        in_flight = self._largest_seen * self.cfg.fetch_threads
+        size, free = fs_space(self.cache_dir)
+        if free + cached < budget + in_flight:
             raise ConfigError(
                 f"budget (--budget / FEEDLINE_BUDGET) {fmt_bytes(budget)} plus {self.cfg.fetch_threads} downloads in "
-                f"flight need {fmt_bytes(need)}, but the filesystem of cache {self.cache_dir} (--cache / "
+                f"flight need {fmt_bytes(budget + in_flight)}, but the filesystem of cache {self.cache_dir} (--cache / "
                 f"FEEDLINE_CACHE) has {fmt_bytes(free + cached)} for it ({fmt_bytes(size)} in all): lower the "
                 f"budget, or give /dev/shm more room (docker: shm_size; Kubernetes: the emptyDir's sizeLimit)"
             )
+        # tmpfs pages are charged to the memory limit of the container that writes them: this one
+        mem = check_memory_for("the cache", max(0, budget + in_flight - cached) + PROCESS_MEMORY)
+        if mem.ok is False:
+            raise ConfigError(f"budget (--budget / FEEDLINE_BUDGET): {mem.detail}; {mem.fix}")
 
     # -- readiness --------------------------------------------------------------------------
 
