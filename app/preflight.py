@@ -99,7 +99,7 @@ class Check:
     fix: str = ""
 
 
-SHM_HEADROOM = 64 << 20
+SHM_HEADROOM = 16 << 20  # at least; or 5 % of the budget
 
 
 def check_shm(path: str, budget: int, extra: int = 0) -> Check:
@@ -108,7 +108,7 @@ def check_shm(path: str, budget: int, extra: int = 0) -> Check:
         size, free = fs_space(path if os.path.exists(path) else os.path.dirname(path) or "/")
     except OSError as exc:
         return Check("cache filesystem", False, f"cannot stat {path}: {exc.strerror}", "create it or set --cache")
-    need = budget + extra + max(SHM_HEADROOM, budget // 10)
+    need = budget + extra + max(SHM_HEADROOM, budget // 20)
     detail = (f"{path}: {fmt_bytes(size)} in all, {fmt_bytes(free)} free; the cache budget {fmt_bytes(budget)} "
               f"plus downloads in flight and headroom need {fmt_bytes(need)}")
     if size >= need:
@@ -176,7 +176,7 @@ def check_docker(budget: int) -> list[Check]:
     for c in client.containers.list(filters={"label": "com.docker.compose.service=sampler"}):
         hc = c.attrs.get("HostConfig", {})
         shm = int(hc.get("ShmSize") or 0)
-        need = budget + max(SHM_HEADROOM, budget // 10)
+        need = budget + max(SHM_HEADROOM, budget // 20)
         checks.append(Check(f"container {c.name} /dev/shm", shm >= need,
                             f"shm_size {fmt_bytes(shm)}, ipc {hc.get('IpcMode')}; the budget needs {fmt_bytes(need)}",
                             f"set FEEDLINE_SHM_SIZE (compose shm_size) to at least {fmt_bytes(need)}"))
