@@ -6,7 +6,6 @@ from __future__ import annotations
 import glob
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,12 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cache.manifest import read_manifest
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ..metrics.prometheus import free_port
 
 
 class _Proc:
@@ -91,7 +85,7 @@ def fill_rate(src: str, shm_root: str, threads: int = 4) -> dict[str, Any]:
     server, url = _serve(src)
     with server:
         cache = os.path.join(shm_root, "fill")
-        port = _free_port()
+        port = free_port()
         with _sampler(_pattern(url, shards), cache, 2 * total, port, "--fetch-threads", str(threads)):
             t_up = _until(lambda: _up(port), 60, "the sampler to start")
             t_all = _until(lambda: _cached(cache) == len(shards), 300, "the cache to fill")
@@ -117,13 +111,13 @@ def train_while_filling(src: str, shm_root: str, run_contender: Callable[..., di
     with server:
         pattern = _pattern(url, shards)
         pre = os.path.join(shm_root, "prefilled")
-        port = _free_port()
+        port = free_port()
         with _sampler(pattern, pre, 2 * total, port):
             _until(lambda: _cached(pre) == len(shards), 300, "the cache to fill")
         prefilled = run_contender("--cache", pre)
         live = os.path.join(shm_root, "filling")
         cap_mbps = total / 1e6 / seconds  # the fill spans the measured window
-        with _sampler(pattern, live, 2 * total, _free_port(), "--max-mbps", f"{cap_mbps:.3f}"):
+        with _sampler(pattern, live, 2 * total, free_port(), "--max-mbps", f"{cap_mbps:.3f}"):
             filling = run_contender("--cache", live)
             shards_at_end = _cached(live)
     return {"prefilled": prefilled, "filling": filling, "fill_mb_per_s": cap_mbps,

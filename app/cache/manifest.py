@@ -72,11 +72,16 @@ def write_manifest(cache_dir: str, manifest: Manifest) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dir_fd = os.open(cache_dir, os.O_RDONLY)
+    fsync_dir(cache_dir)
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
 class CacheSource:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..formats.shard_index import ShardError, build_index, index_path, write_index
-from .manifest import SHARDS_DIR, Manifest, ShardEntry, read_manifest, shard_path, write_manifest
+from .manifest import SHARDS_DIR, Manifest, ShardEntry, fsync_dir, read_manifest, shard_path, write_manifest
 
 log = logging.getLogger("feedline.cache")
 
@@ -43,14 +43,6 @@ class Recovery:
     manifest_rebuilt: bool = False
     evicted_over_budget: int = 0
     notes: list[str] = field(default_factory=list)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class CacheStore:
@@ -141,7 +133,7 @@ class CacheStore:
             self._evict_locked(victims)
             write_index(index, index_path(final))
             os.replace(partial, final)
-            _fsync_dir(self.shards_dir)
+            fsync_dir(self.shards_dir)
             entry = ShardEntry(shard_id, size, len(index.samples), time.time(), source, sha256)
             self._write(self._manifest.shards + [entry])
         log.info("published %s (%d bytes, %d samples); cache %d / %d bytes in %d shards", shard_id, size,

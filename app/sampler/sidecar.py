@@ -35,34 +35,29 @@ PROBE_SHARDS = 8  # HTTP shards whose size is checked against the budget at star
 PROCESS_MEMORY = 128 << 20  # the sidecar's own memory, on top of the cache it writes
 
 
-def _fetch_text(url: str, timeout: float) -> str:
+def _request(method: str, url: str, timeout: float) -> tuple[int, str, str | None, bytes]:
+    """One plain request: (status, reason, Content-Length, body)."""
     u = urllib.parse.urlsplit(url)
     cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
     conn = cls(u.netloc, timeout=timeout)
     try:
-        conn.request("GET", u.path + (f"?{u.query}" if u.query else ""))
+        conn.request(method, u.path + (f"?{u.query}" if u.query else ""))
         resp = conn.getresponse()
-        if resp.status != 200:
-            raise SourceError(f"index {url}: HTTP {resp.status} {resp.reason}")
-        return resp.read().decode()
+        return resp.status, resp.reason, resp.getheader("Content-Length"), resp.read()
     finally:
         conn.close()
+
+
+def _fetch_text(url: str, timeout: float) -> str:
+    status, reason, _, body = _request("GET", url, timeout)
+    if status != 200:
+        raise SourceError(f"index {url}: HTTP {status} {reason}")
+    return body.decode()
 
 
 def _head_size(url: str, timeout: float) -> int | None:
-    u = urllib.parse.urlsplit(url)
-    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-    conn = cls(u.netloc, timeout=timeout)
-    try:
-        conn.request("HEAD", u.path + (f"?{u.query}" if u.query else ""))
-        resp = conn.getresponse()
-        resp.read()
-        if resp.status != 200:
-            return None
-        length = resp.getheader("Content-Length")
-        return int(length) if length and length.isdigit() else None
-    finally:
-        conn.close()
+    status, _, length, _ = _request("HEAD", url, timeout)
+    return int(length) if status == 200 and length and length.isdigit() else None
 
 
 class Sidecar:
