@@ -138,29 +138,32 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sample(args: argparse.Namespace) -> int:
+def _on_stop_signals(stop: Any) -> None:
+    """SIGTERM (docker stop, Kubernetes) and SIGINT (Ctrl-C) ask for a clean stop."""
     import signal
 
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop())
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
     cfg = Config.load(args)
     _setup_logging(cfg.log_level)
     from .sampler.sidecar import Sidecar
 
     sidecar = Sidecar(cfg)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: sidecar.stop())
+    _on_stop_signals(sidecar.stop)
     return sidecar.run()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import signal
     import threading
 
     _setup_logging("INFO")
     from .sampler.http_store import FileStore
 
     done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
+    _on_stop_signals(done.set)
     with FileStore(args.root, args.host, args.port) as store:
         log.info("serving %s at %s", args.root, store.url)
         print(store.url, flush=True)

@@ -325,3 +325,25 @@ def test_an_exception_in_the_training_loop_leaves_nothing_running(shards):
             for _ in loader:
                 raise RuntimeError("boom")
     assert children_of(os.getpid()) == []
+
+
+class _NumpyJitter:
+    """A transform drawing from np.random, as user code does."""
+
+    def __call__(self, sample):
+        sample["noise"] = np.random.random(4).astype(np.float32)
+        return sample
+
+
+def test_the_same_seed_gives_the_same_augmentations(tmp_path):
+    path = write_tar(str(tmp_path / "img.tar"), [(f"k{i:03d}", {"jpg": jpeg_bytes(i), "cls": str(i).encode()})
+                                                  for i in range(24)])
+    from app.formats.transforms import Compose
+
+    runs = []
+    for _ in range(2):
+        with StagingLoader(path, batch_size=8, workers=1, seed=3,
+                           transform=Compose(RandomResizedCrop(32, fields=["jpg"]), _NumpyJitter())) as loader:
+            runs.append([(b["jpg"].clone(), b["noise"].clone()) for b in loader])
+    for (a_img, a_noise), (b_img, b_noise) in zip(*runs):
+        assert torch.equal(a_img, b_img) and torch.equal(a_noise, b_noise)

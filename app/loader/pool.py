@@ -151,9 +151,17 @@ class WorkerPool:
             if self._epoch < 0:
                 self._cv.wait(timeout)
                 return None
-            key = self._next_key()
-            if key is None:
+            if self._in_order:
+                key = self._skip_ended(self._take_at)
+                if key is None:
+                    return EpochEnd(self._epoch, self._taken)
+                self._take_at = key
+            elif self._ready:
+                key = min(self._ready)
+            elif all(w.ended_at is not None for w in self._workers):
                 return EpochEnd(self._epoch, self._taken)
+            else:
+                key = None
             if key not in self._ready:
                 self._cv.wait(timeout)
                 return None
@@ -231,18 +239,6 @@ class WorkerPool:
             if e is None or key[0] < e:
                 return key
             key = self._advance(key)
-
-    def _next_key(self) -> tuple[int, int] | None:
-        if self._in_order:
-            key = self._skip_ended(self._take_at)
-            if key is not None:
-                self._take_at = key
-            return key
-        if self._ready:
-            return min(self._ready)
-        if all(w.ended_at is not None for w in self._workers):
-            return None
-        return (-1, -1)  # nothing ready yet
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

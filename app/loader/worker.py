@@ -9,7 +9,9 @@ after the last batch it delivered.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import logging
+import random
 import signal
 import sys
 import time
@@ -17,6 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
+
+import numpy as np
 
 from ..formats.decoders import DecodeError, Decoder
 from ..formats.shard_index import Sample
@@ -54,15 +58,9 @@ class _Epoch:
         self.pos = 0  # samples consumed
         self.done = False
         self.logged: dict[str, int] = {}
-        import random
-
-        random.seed(seed)  # transforms draw from `random`; make them reproducible too
-        try:
-            import numpy as np
-
-            np.random.seed(abs(hash(seed)) % (2**32))
-        except ImportError:
-            pass
+        # transforms draw from `random` and `np.random`: seed both from the stream, reproducibly
+        random.seed(seed)
+        np.random.seed(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:4], "little"))
         self._skip_to(int(plan.get("resume", 0)))
 
     def _skip_to(self, resume: int) -> None:
