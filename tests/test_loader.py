@@ -299,6 +299,9 @@ def test_instant_step_with_slow_decoding_means_starvation(shards):
 def test_stats_report_queues_samples_and_bytes(shards):
     with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, ring_slots=6) as loader:
         n = len(ids_of(loader))
+        deadline = time.monotonic() + 5  # slots handed out past a worker's end come back asynchronously
+        while loader.stats().queue_depth["free"] < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
         s = loader.stats()
     assert s.samples_total == n == 6 * 37
     assert s.bytes_total["decoded"] == n * (64 + 8)

@@ -218,6 +218,26 @@ def test_a_shard_evicted_before_it_was_opened_is_skipped_and_counted(cache, data
         assert loader.stats().sample_errors_total["evicted"] == 1
 
 
+def test_a_shard_evicted_after_the_epoch_started_still_reads_whole(cache, data):
+    from app.cache.store import CacheStore
+
+    store = CacheStore(cache, budget_bytes=10 * shard_bytes(data))
+    store.recover()
+    for k in range(3):
+        partial = store.partial_path(f"ids-{k:04d}")
+        shutil.copyfile(data / f"ids-{k:04d}.tar", partial)
+        store.publish(f"ids-{k:04d}", partial)
+    with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC, shuffle_buffer=0) as loader:
+        it = iter(loader)
+        first = next(it)
+        store.evict_oldest(3)  # every shard of the epoch goes while the epoch runs
+        assert manifest_ids(cache) == [] and not os.listdir(os.path.join(cache, "shards", ".partial"))
+        ids = first["cls"].tolist() + [i for b in it for i in b["cls"].tolist()]
+        stats = loader.stats()
+    assert sorted(ids) == list(range(60))
+    assert stats.sample_errors_total["evicted"] == 0
+
+
 def test_the_loader_waits_for_min_shards_and_then_says_why_it_gave_up(cache):
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="min_shards=2"):

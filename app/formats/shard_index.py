@@ -8,10 +8,12 @@ JSON next to the shard as ``<id>.idx`` for ``<id>.tar`` — never pickled.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 INDEX_VERSION = 1
@@ -82,17 +84,32 @@ def split_key(name: str) -> tuple[str, str] | None:
     return m.group(1), m.group(2).lower()
 
 
-def build_index(path: str) -> ShardIndex:
-    """Scan the tar headers of ``path`` (ustar, GNU and pax all read the same)."""
+@contextlib.contextmanager
+def _open_tar(path: str, fd: int | None) -> Iterator[tarfile.TarFile]:
+    """The tar at ``path``, or read through a duplicate of ``fd`` (closed here; ``fd`` stays open)."""
+    if fd is None:
+        with tarfile.open(path, mode="r:") as tar:
+            yield tar
+        return
+    with os.fdopen(os.dup(fd), "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
+        yield tar
+
+
+def build_index(path: str, fd: int | None = None) -> ShardIndex:
+    """Scan the tar headers of ``path`` (ustar, GNU and pax all read the same).
+
+    With ``fd``, an already open descriptor of it is read: the file may have been
+    unlinked (evicted) since, and still reads whole.
+    """
     try:
-        shard_bytes = os.stat(path).st_size
+        shard_bytes = os.fstat(fd).st_size if fd is not None else os.stat(path).st_size
     except OSError as exc:
         raise ShardError(path, f"cannot stat: {exc.strerror}") from None
     samples: list[Sample] = []
     key: str | None = None
     fields: dict[str, tuple[int, int]] = {}
     try:
-        with tarfile.open(path, mode="r:") as tar:
+        with _open_tar(path, fd) as tar:
             for info in tar:
                 if not info.isfile():
                     continue
@@ -144,13 +161,13 @@ def write_index(index: ShardIndex, dest: str | None = None) -> str:
     return dest
 
 
-def load_index(path: str) -> ShardIndex:
-    """The stored index when it matches the shard's size, else a fresh scan."""
+def load_index(path: str, fd: int | None = None) -> ShardIndex:
+    """The stored index when it matches the shard's size, else a fresh scan (of ``fd`` if given)."""
     try:
         with open(index_path(path)) as f:
             index = ShardIndex.from_json(path, f.read())
-        if index.shard_bytes == os.stat(path).st_size:
+        if index.shard_bytes == (os.fstat(fd).st_size if fd is not None else os.stat(path).st_size):
             return index
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    return build_index(path)
+    return build_index(path, fd)

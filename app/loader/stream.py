@@ -56,30 +56,53 @@ class ShardProblem:
     message: str
 
 
-def _open(path: str) -> OpenShard | ShardProblem:
-    try:
-        index = load_index(path)
-    except ShardError as exc:
-        if not os.path.exists(path):
+EAGER_OPEN = 256  # shards a worker opens as soon as its epoch starts
+
+
+def open_ahead(shards: list[str]) -> dict[str, int]:
+    """Open the epoch's first shards at once: a shard evicted later in the epoch still reads whole
+    (POSIX unlink semantics); only one evicted between the snapshot and this moment is lost."""
+    fds = {}
+    for path in shards[:EAGER_OPEN]:
+        try:
+            fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            pass  # reported, with its reason, when the stream reaches it
+    return fds
+
+
+def _open(path: str, fd: int | None) -> OpenShard | ShardProblem:
+    if fd is None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
             return ShardProblem(path, "evicted", f"shard {path} was removed before it was opened; skipped")
-        return ShardProblem(path, "bad_shard", f"{exc}; skipped")
+        except OSError as exc:
+            return ShardProblem(path, "bad_shard", f"shard {path}: cannot open: {exc.strerror}; skipped")
     try:
-        with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if index.shard_bytes else None
-    except FileNotFoundError:
-        return ShardProblem(path, "evicted", f"shard {path} was removed before it was opened; skipped")
+        index = load_index(path, fd)
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if index.shard_bytes else None
+    except ShardError as exc:
+        return ShardProblem(path, "bad_shard", f"{exc}; skipped")
     except (OSError, ValueError) as exc:
         return ShardProblem(path, "bad_shard", f"shard {path}: cannot map: {exc}; skipped")
+    finally:
+        os.close(fd)  # the mapping keeps the file
     return OpenShard(path, mm, index.samples, len(index.samples))
 
 
-def sample_stream(shards: list[str], buffer_size: int, seed: str) -> Iterator[SampleRef | ShardProblem]:
-    """Shards in the given order, samples through a seeded shuffle buffer of ``buffer_size``."""
+def sample_stream(shards: list[str], buffer_size: int, seed: str,
+                  fds: dict[str, int] | None = None) -> Iterator[SampleRef | ShardProblem]:
+    """Shards in the given order, samples through a seeded shuffle buffer of ``buffer_size``.
+
+    ``fds`` are descriptors opened ahead (``open_ahead``); the stream closes each one it reaches.
+    """
     rng = random.Random(seed)
     buffer: list[tuple[OpenShard, Sample]] = []
     pos = 0
+    fds = fds if fds is not None else {}
     for path in shards:
-        opened = _open(path)
+        opened = _open(path, fds.pop(path, None))
         if isinstance(opened, ShardProblem):
             yield opened
             continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import os
 import random
 import signal
 import sys
@@ -28,7 +29,7 @@ from .messages import DONE, END, EPOCH, ERROR_REASONS, FILL, STOP, BatchResult, 
 from .plan import stream_seed
 from .ring import BatchRing, RingHandle
 from .spec import SampleRejected, fill
-from .stream import SampleRef, ShardProblem, sample_stream
+from .stream import SampleRef, ShardProblem, open_ahead, sample_stream
 
 log = logging.getLogger("feedline.worker")
 _REASON = {r: i for i, r in enumerate(ERROR_REASONS)}
@@ -54,7 +55,9 @@ class _Epoch:
         self.epoch: int = plan["epoch"]
         self.poison = set(plan.get("poison", ()))
         seed = stream_seed(plan["seed"], plan["epoch"], plan["rank"], plan["worker"])
-        self.stream: Iterator[SampleRef | ShardProblem] = sample_stream(plan["shards"], shuffle_buffer, seed)
+        self.fds = open_ahead(plan["shards"])
+        self.stream: Iterator[SampleRef | ShardProblem] = sample_stream(plan["shards"], shuffle_buffer, seed,
+                                                                         self.fds)
         self.pos = 0  # samples consumed
         self.done = False
         self.logged: dict[str, int] = {}
@@ -72,6 +75,12 @@ class _Epoch:
             if isinstance(item, SampleRef):
                 item.shard.release()
                 self.pos += 1
+
+    def close(self) -> None:
+        """Close the descriptors this epoch opened ahead and never reached (it was abandoned)."""
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
 
     def note(self, reason: str, message: str) -> None:
         n = self.logged.get(reason, 0)
@@ -104,6 +113,8 @@ class Worker:
                 else:
                     conn.send_bytes(self._fill(slot, batch).encode())
             elif kind == EPOCH:
+                if self.epoch is not None:
+                    self.epoch.close()
                 self.epoch = _Epoch(decode_json(msg), self.args.shuffle_buffer)
             elif kind == STOP:
                 return
