@@ -190,8 +190,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     slots = cfg.ring_slots or default_ring_slots(cfg.workers, cfg.transfer_threads)
     ring = slots * cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 8)
     checks = [
-        # downloads in flight: a shard each, taken as a 16th of the budget (a cache holds many shards)
-        check_shm(cache, cfg.budget, extra=cfg.fetch_threads * (cfg.budget // 16)),
+        # downloads in flight: a shard each, taken as a 16th of the budget (a cache holds many shards);
+        # grow: the replaced shards a running epoch still holds open
+        check_shm(cache, cfg.budget, extra=cfg.fetch_threads * (cfg.budget // 16)
+                  + (int(cfg.budget * cfg.replace_fraction) if cfg.policy == "grow" else 0)),
         check_memory_for(f"the sampler's cache ({fmt_bytes(cfg.budget)} of tmpfs pages)", cfg.budget),
         check_memory_for(f"the trainer's batch ring ({slots} slots of {cfg.batch_size} demo samples)", ring),
         check_gpu(),

@@ -124,12 +124,16 @@ class Sidecar:
         cached = 0
         for root, _, files in os.walk(self.cache_dir):
             cached += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+        # downloads in flight, and (grow) the replaced shards a running epoch still holds open
         in_flight = self._largest_seen * self.cfg.fetch_threads
+        if self.cfg.policy == "grow":
+            in_flight += int(budget * self.cfg.replace_fraction)
         size, free = fs_space(self.cache_dir)
         if free + cached < budget + in_flight:
             raise ConfigError(
                 f"budget (--budget / FEEDLINE_BUDGET) {fmt_bytes(budget)} plus {self.cfg.fetch_threads} downloads in "
-                f"flight need {fmt_bytes(budget + in_flight)}, but the filesystem of cache {self.cache_dir} (--cache / "
+                f"flight and the replaced shards an epoch still reads need {fmt_bytes(budget + in_flight)}, but the "
+                f"filesystem of cache {self.cache_dir} (--cache / "
                 f"FEEDLINE_CACHE) has {fmt_bytes(free + cached)} for it ({fmt_bytes(size)} in all): lower the "
                 f"budget, or give /dev/shm more room (docker: shm_size; Kubernetes: the emptyDir's sizeLimit)"
             )
