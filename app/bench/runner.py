@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seconds", type=float, default=10.0, help="measured time per contender")
     p.add_argument("--raw-samples", type=int, default=1024, help="1 MiB samples in the raw workload")
-    p.add_argument("--jpeg-samples", type=int, default=2000)
+    p.add_argument("--jpeg-samples", type=int, default=4000)
     p.add_argument("--sample-size", default="1MiB")
     p.add_argument("--workloads", default="raw,jpeg,sampler")
     p.add_argument("--shm", default="/dev/shm", help="where the shards live during the run")
@@ -70,7 +70,9 @@ def _dataset(kind: str, count: int, sample_bytes: int, cache_dir: str) -> str:
     if not os.path.exists(os.path.join(outdir, "complete")):
         log.warning("making the %s dataset (%d samples) in %s", kind, count, outdir)
         per_sample = sample_bytes if kind == "raw" else 60_000  # a ~500x375 JPEG is 40-80 kB
-        shard_bytes = max(1 << 20, count * per_sample // 16)  # 16 shards: enough for 8 workers
+        # 32 shards, so that each worker gets as many: an epoch's tail (the last worker finishing
+        # its last shard while the others idle) is then a small share of a short benchmark epoch
+        shard_bytes = max(1 << 20, count * per_sample // 32)
         make_dataset(kind, outdir, count, shard_bytes, cache_dir, sample_bytes)
         open(os.path.join(outdir, "complete"), "w").close()
     return outdir
