@@ -202,31 +202,30 @@ def test_budget_is_never_exceeded_and_the_loader_never_reads_a_torn_shard(remote
     assert len(epochs_shards) > 3  # the cache really turned over while training
 
 
-def test_a_shard_evicted_before_it_was_opened_is_skipped_and_counted(cache, data):
+def published(cache, data, count):
+    """A cache holding the first ``count`` shards, published as the sampler does."""
     from app.cache.store import CacheStore
 
     store = CacheStore(cache, budget_bytes=10 * shard_bytes(data))
     store.recover()
-    for k in range(3):
+    for k in range(count):
         partial = store.partial_path(f"ids-{k:04d}")
         shutil.copyfile(data / f"ids-{k:04d}.tar", partial)
         store.publish(f"ids-{k:04d}", partial)
+    return store
+
+
+def test_a_shard_evicted_before_it_was_opened_is_skipped_and_counted(cache, data):
+    published(cache, data, 3)
     with StagingLoader(cache=cache, batch_size=8, workers=1, spec=SPEC) as loader:
-        os.unlink(shard_path(cache, "ids-0001"))  # evicted after the snapshot, before a worker opened it
+        os.unlink(shard_path(cache, "ids-0001"))  # still listed in the manifest, gone before a worker opens it
         n = sum(len(b["cls"]) for b in loader)
         assert n == 40
         assert loader.stats().sample_errors_total["evicted"] == 1
 
 
 def test_a_shard_evicted_after_the_epoch_started_still_reads_whole(cache, data):
-    from app.cache.store import CacheStore
-
-    store = CacheStore(cache, budget_bytes=10 * shard_bytes(data))
-    store.recover()
-    for k in range(3):
-        partial = store.partial_path(f"ids-{k:04d}")
-        shutil.copyfile(data / f"ids-{k:04d}.tar", partial)
-        store.publish(f"ids-{k:04d}", partial)
+    store = published(cache, data, 3)
     with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC, shuffle_buffer=0) as loader:
         it = iter(loader)
         first = next(it)
