@@ -35,6 +35,8 @@ class _Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 def _serve(root: str) -> tuple[_Proc, str]:

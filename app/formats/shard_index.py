@@ -47,10 +47,6 @@ class ShardIndex:
     shard_bytes: int
     samples: list[Sample]
 
-    @property
-    def payload_bytes(self) -> int:
-        return sum(size for s in self.samples for _, size in s.fields.values())
-
     def to_json(self) -> str:
         return json.dumps(
             {

@@ -104,7 +104,6 @@ class WorkerPool:
         self._taken = 0
         self._epoch_samples = 0
         self._epoch_errors = 0
-        self._first_errors: dict[str, str] = {}
         self._error: BaseException | None = None
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe()

@@ -72,10 +72,9 @@ class RingLayout:
 class RingMemory:
     """One mapping of the ring's memfd; the owner creates it, workers attach by fd."""
 
-    def __init__(self, fd: int, size: int, owner: bool):
+    def __init__(self, fd: int, size: int):
         self.fd = fd
         self.size = size
-        self.owner = owner
         self._mm: mmap.mmap | None = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.base = np.frombuffer(self._mm, dtype=np.uint8)
 
@@ -90,7 +89,7 @@ class RingMemory:
         except OSError as exc:
             os.close(fd)
             raise MemoryError(f"cannot reserve {size} bytes of shared memory for the batch ring: {exc}") from None
-        return cls(fd, size, owner=True)
+        return cls(fd, size)
 
     def close(self) -> None:
         if self._mm is None:
@@ -158,7 +157,7 @@ class RingHandle:
 
     def attach(self) -> BatchRing:
         layout = RingLayout(self.spec, self.batch_size)
-        return BatchRing(layout, self.slots, self.workers, RingMemory(self.fd, self.size, owner=False))
+        return BatchRing(layout, self.slots, self.workers, RingMemory(self.fd, self.size))
 
 
 def _rebuild_handle(dupfd, size, spec_json, batch_size, slots, workers) -> RingHandle:  # type: ignore[no-untyped-def]

@@ -49,16 +49,6 @@ class Histogram:
             out.append((bound, total))
         return out
 
-    def quantile(self, q: float) -> float:
-        """Upper bound of the bucket holding the q-quantile (what histogram_quantile approximates)."""
-        if self.count == 0:
-            return 0.0
-        target = q * self.count
-        for bound, total in self.cumulative():
-            if total >= target:
-                return bound if bound != float("inf") else self.buckets[-1]
-        return self.buckets[-1]
-
 
 @dataclass
 class StarvationWindow:
@@ -103,7 +93,6 @@ class LoaderStats:
     worker_restarts_total: int = 0
     decode_seconds_total: float = 0.0
     epoch: int = -1
-    started_at: float = field(default_factory=time.monotonic)
 
 
 class StatsRecorder:
@@ -173,5 +162,4 @@ class StatsRecorder:
                 worker_restarts_total=s.worker_restarts_total,
                 decode_seconds_total=s.decode_seconds_total,
                 epoch=s.epoch,
-                started_at=s.started_at,
             )
