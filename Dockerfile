@@ -4,11 +4,12 @@
 #   docker build -t feedline .                                   # GPU hosts: CUDA PyTorch runtime base
 #   docker build --build-arg BASE_IMAGE=debian:bookworm-slim \
 #                --build-arg TORCH_SPEC=torch==2.13.0 -t feedline:cpu .   # any Debian/Ubuntu with Python
+#   docker build -f examples/Dockerfile -t my-training .        # your training code on top (README)
 #
 # Build arguments:
 #   BASE_IMAGE   the runtime base; the default carries CUDA and a CUDA build of torch
 #   PYTHON       the base image's Python with torch (the pytorch images: /opt/conda/bin/python)
-#   TORCH_SPEC   what to install when the base has no torch ("" keeps the base's torch)
+#   TORCH_SPEC   what to install when the base has no torch (ignored where it has one: that one is kept)
 #   AVX2         1 builds pillow-simd with AVX2 (faster; crashes on CPUs without AVX2), 0 (default) SSE4
 # Wheels placed in ./wheels (a torch CPU wheel, say) are used before any index.
 ARG BASE_IMAGE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
@@ -34,8 +35,15 @@ RUN if [ -n "$TORCH_SPEC" ] && ! python -c "import torch" 2>/dev/null; then \
  && python -c "import torch; print('torch', torch.__version__)"
 COPY pyproject.toml README.md /src/
 COPY app /src/app
-RUN pip install --no-cache-dir --find-links /wheels /src \
- && pip uninstall -y pillow pillow-simd || true
+COPY deploy/image/install-feedline /usr/local/bin/
+# The project asks for torch>=2.4 (a range the base satisfies); the install keeps the base's torch as
+# it is and fails, rather than replace it, if anything would.
+RUN install-feedline "/src[zstd]" --find-links /wheels \
+ && (pip uninstall -y pillow pillow-simd || true)
+# torchrun of this environment: the base's own (/opt/conda/bin/torchrun) would start the ranks with a
+# Python that cannot import feedline or the training code's packages installed here.
+RUN printf '#!/bin/sh\nexec /opt/feedline/bin/python -m torch.distributed.run "$@"\n' >/opt/feedline/bin/torchrun \
+ && chmod +x /opt/feedline/bin/torchrun
 # pillow-simd last, compiled here against libjpeg-turbo, with plain Pillow gone.
 RUN if [ "$AVX2" = "1" ]; then export CC="cc -mavx2"; else export CC="cc"; fi \
  && pip wheel --no-cache-dir --no-deps --no-binary pillow-simd -w /pillow "pillow-simd==${PILLOW_SIMD}"
@@ -59,7 +67,12 @@ assert '.post' in PIL.__version__, PIL.__version__; \
 assert f.check_feature('libjpeg_turbo'), 'no libjpeg-turbo'; \
 print('pillow-simd', PIL.__version__, 'with libjpeg-turbo')"
 COPY deploy/prometheus /opt/feedline/deploy/prometheus
-RUN useradd --create-home --uid 10001 --user-group feedline
+# The demo dataset's sample photos (compose --profile demo), so the demo store needs no network.
+ARG DEMO_PHOTOS=1
+RUN if [ "$DEMO_PHOTOS" = "1" ]; then \
+      pip download -q --no-cache-dir --no-deps --only-binary=:all: scikit-image==0.26.0 -d /opt/feedline/share/photos; fi
+RUN useradd --create-home --uid 10001 --user-group feedline \
+ && mkdir -p /workspace /checkpoints && chown feedline:feedline /checkpoints
 USER feedline
 WORKDIR /home/feedline
 # In containers the endpoints listen on all interfaces; the cache is the shared /dev/shm.

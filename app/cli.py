@@ -1,4 +1,9 @@
-"""The ``feedline`` command: train, make-shards, make-dataset, bench."""
+"""The ``feedline`` command: train, run, sample, serve, demo, doctor, dashboard, make-shards, make-dataset, bench.
+
+The face: it reads the one ``Config``, builds each library part's settings,
+wires the metrics exporters, shows progress and summaries, and turns every
+refused setting into one ``configuration error:`` line (exit code 2).
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,24 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from .config import Config, ConfigError, parse_size
+from .errors import SettingError
 from .metrics.exporter import MetricsPortError
 
 log = logging.getLogger("feedline")
@@ -41,17 +55,24 @@ def _epoch_samples(loader: Any) -> int | None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = Config.load(args)
-    _setup_logging(cfg.log_level)
+    from .distributed import Job, process_group
+
+    job = Job.from_env(os.environ)
+    _setup_logging(cfg.log_level if job.leader else "WARNING")  # under torchrun, rank 0 speaks for all
     if not cfg.shards and not cfg.cache:
-        raise ConfigError("train needs data: set shards (--shards / FEEDLINE_SHARDS) or cache (--cache / FEEDLINE_CACHE)")
+        raise ConfigError("train needs data: set shards (--shards / FEEDLINE_SHARDS) or cache "
+                          "(--cache / FEEDLINE_CACHE)")
+    import torch
+
     from .train import build_loader, train
 
-    with build_loader(cfg) as loader:
+    with process_group(job, torch.device(cfg.resolved_device()), cfg.dist_timeout), build_loader(cfg, job) as loader:
         progress = Progress(TextColumn("[bold]epoch {task.fields[epoch]}[/bold] {task.fields[shards]} shards"),
                             BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[rate]:>8.0f} samples/s  wait {task.fields[wait]:>4.0%}  "
                                        "queues free/decoded/device {task.fields[q]}"),
-                            TimeElapsedColumn(), console=console, disable=not cfg.progress, transient=False)
+                            TimeElapsedColumn(), console=console, disable=not (cfg.progress and job.leader),
+                            transient=False)
         tasks: dict[int, Any] = {}
 
         def on_epoch_start(epoch: int) -> None:
@@ -68,16 +89,34 @@ def cmd_train(args: argparse.Namespace) -> int:
             progress.update(tasks[es.epoch], **fields)
 
         summary = None
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # Kubernetes' eviction: finish the step, save, exit 0
+        trace_path = f"{args.trace_keys}.rank{job.rank}" if args.trace_keys and job.distributed else args.trace_keys
+        trace = open(trace_path, "a", buffering=1) if trace_path else None  # line by line: an audit
         try:
             with progress:
-                summary = train(cfg, loader, on_step=on_step, on_epoch_start=on_epoch_start)
+                summary = train(cfg, loader, on_step=on_step, on_epoch_start=on_epoch_start, stop=stop,
+                                trace_keys=trace, job=job)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted; shutting down the loader[/yellow]")
             return 130
-        _print_summary(summary, loader)
-    if args.summary_json:
+        finally:
+            if trace is not None:
+                trace.close()
+        if job.leader:
+            _print_summary(summary, loader)
+    if args.summary_json and job.leader:
         with open(args.summary_json, "w") as f:
             json.dump(summary.to_json(), f, indent=2)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = Config.load(args)
+    _setup_logging(cfg.log_level)
+    from .run import run
+
+    run(cfg, args.command_words)  # never returns: the process is the command now
     return 0
 
 
@@ -99,7 +138,7 @@ def _print_summary(summary: Any, loader: Any) -> None:
     console.print(
         f"total: {f.samples_total} samples, {f.bytes_total['decoded'] / 1e6:.0f} MB decoded, "
         f"data wait {f.data_wait_seconds_total:.2f} s, step {f.step_seconds_total:.2f} s, "
-        f"starvation (last {loader._stats._window.seconds:.0f} s) {f.gpu_starvation_ratio:.2f}, "
+        f"starvation (last {loader.starvation_window:.0f} s) {f.gpu_starvation_ratio:.2f}, "
         f"queue capacity {f.queue_capacity}, sample errors {errors or 'none'}, "
         f"worker restarts {f.worker_restarts_total}"
     )
@@ -109,7 +148,11 @@ def _print_summary(summary: Any, loader: Any) -> None:
 
 def cmd_make_shards(args: argparse.Namespace) -> int:
     _setup_logging("INFO")
-    from .formats.shard_writer import samples_from_folder, samples_from_list, write_shards
+    from .formats.shard_writer import (
+        samples_from_folder,
+        samples_from_list,
+        write_shards,
+    )
 
     src = args.source
     if os.path.isdir(src):
@@ -125,7 +168,7 @@ def cmd_make_shards(args: argparse.Namespace) -> int:
 
 def cmd_make_dataset(args: argparse.Namespace) -> int:
     _setup_logging("INFO")
-    from .formats.datasets import make_dataset
+    from .demo.datasets import make_dataset
 
     with Progress(TextColumn(f"[bold]{args.kind} dataset"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
@@ -140,8 +183,6 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
 
 def _on_stop_signals(stop: Any) -> None:
     """SIGTERM (docker stop, Kubernetes) and SIGINT (Ctrl-C) ask for a clean stop."""
-    import signal
-
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop())
 
@@ -149,21 +190,44 @@ def _on_stop_signals(stop: Any) -> None:
 def cmd_sample(args: argparse.Namespace) -> int:
     cfg = Config.load(args)
     _setup_logging(cfg.log_level)
+    from .metrics.catalog import SAMPLER
+    from .metrics.exporter import Exporter
     from .sampler.sidecar import Sidecar
 
-    sidecar = Sidecar(cfg)
-    _on_stop_signals(sidecar.stop)
-    return sidecar.run()
+    stopping = threading.Event()
+    _on_stop_signals(stopping.set)  # first: a SIGTERM while starting up still stops cleanly
+    settings = cfg.sidecar_settings()
+    from .demo.datasets import DEMO_STORE, NO_DEMO_STORE
+
+    demo = DEMO_STORE in cfg.source
+    if demo:
+        log.info("FEEDLINE_SOURCE is unset in compose: the demo dataset, from %s (%s)", DEMO_STORE, NO_DEMO_STORE)
+    with Exporter(SAMPLER, cfg.metrics_addr, cfg.port(9101), setting=Config.describe("metrics_port"),
+                  ready=lambda: (False, "starting: listing the source")) as exporter:
+        try:
+            sidecar = Sidecar(settings, exporter.sink)
+            exporter.server.ready = sidecar.ready
+            _on_stop_signals(sidecar.stop)
+            if stopping.is_set():
+                return 0
+            return sidecar.run()
+        except SettingError as exc:
+            if demo and exc.setting == "source":  # the usual cause: the demo profile is not running (yet)
+                raise SettingError("source", f"{exc.message}; {NO_DEMO_STORE}") from None
+            raise
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import threading
-
     _setup_logging("INFO")
-    from .sampler.http_store import FileStore
+    from .demo.store import FileStore
 
     done = threading.Event()
     _on_stop_signals(done.set)
+    if args.demo_samples:
+        from .demo.datasets import make_demo_store
+
+        index = make_demo_store(args.root, args.demo_samples, parse_size(args.shard_size), args.cache_dir)
+        log.info("demo dataset: %s lists its shards", index)
     with FileStore(args.root, args.host, args.port) as store:
         log.info("serving %s at %s", args.root, store.url)
         print(store.url, flush=True)
@@ -174,7 +238,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     cfg = Config.load(args)
     _setup_logging(cfg.log_level)
-    from .demo import run_demo
+    from .demo.job import run_demo
 
     return run_demo(cfg, args.data, console)
 
@@ -182,13 +246,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     cfg = Config.load(args)
     _setup_logging("WARNING")
-    from .loader.loader import default_ring_slots
-    from .preflight import check_docker, check_gpu, check_memory_for, check_pillow_simd, check_shm, fmt_bytes
-    from .sampler.sidecar import DEFAULT_CACHE
+    from .loader.settings import default_ring_slots
+    from .loader.side import KEY_ONLY_SIDE_BYTES
+    from .preflight import (
+        check_docker,
+        check_gpu,
+        check_memory_for,
+        check_pillow_simd,
+        check_shm,
+        fmt_bytes,
+    )
+    from .sampler.settings import DEFAULT_CACHE
 
     cache = cfg.cache or DEFAULT_CACHE
-    slots = cfg.ring_slots or default_ring_slots(cfg.workers, cfg.transfer_threads)
-    ring = slots * cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 8)
+    from .loader.autotune import resolved
+
+    # auto: the most it would pick here (fewer shards than CPUs can only lower it)
+    slots = cfg.ring_slots or default_ring_slots(*resolved(cfg.workers, cfg.transfer_threads, "cpu"))
+    side = cfg.side_bytes or KEY_ONLY_SIDE_BYTES  # the demo batch: image, label, and the key beside them
+    ring = slots * cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 8 + side)
     checks = [
         # downloads in flight: a shard each, taken as a 16th of the budget (a cache holds many shards);
         # grow: the replaced shards a running epoch still holds open
@@ -233,9 +309,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train the demo model on shards or a cache, fed by the staging loader")
-    Config.add_arguments(p)
+    Config.add_arguments(p, ("data", "loader", "job", "serve", "process"))
     p.add_argument("--summary-json", default=None, help="also write the summary to this JSON file")
+    p.add_argument("--trace-keys", default=None, help="append the key of every sample trained to this file (an "
+                                                      "audit of what a run, or a resumed run, trained on)")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("run", help="your own training command, once the cache is ready (preflight, then exec)")
+    Config.add_arguments(p, ("data", "run", "process"), extra=("min_shards", "wait_timeout"))
+    p.add_argument("command_words", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                   help="the training command (default: FEEDLINE_TRAIN_CMD)")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("make-shards", help="pack a folder, or a list file of 'path label' lines, into tar shards")
     p.add_argument("source", help="a folder (files sharing a basename form a sample) or a list file")
@@ -255,22 +339,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_make_dataset)
 
     p = sub.add_parser("sample", help="the sampler sidecar: fill a bounded cache from a remote store")
-    Config.add_arguments(p)
+    Config.add_arguments(p, ("sampler", "serve", "process"))
     p.set_defaults(func=cmd_sample)
 
     p = sub.add_parser("serve", help="serve a folder over HTTP (a stand-in for the remote store)")
     p.add_argument("root")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed)")
+    p.add_argument("--demo-samples", type=int, default=0,
+                   help="first write the demo JPEG dataset of this many samples into an empty ROOT, with an "
+                        "index.txt listing its shards (compose's demo profile)")
+    p.add_argument("--shard-size", default="16MiB", help="with --demo-samples: the shards' size")
+    p.add_argument("--cache-dir", default=".cache", help="with --demo-samples: where the sample photos are kept")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="the main job: store, sampler and trainer as separate processes")
-    Config.add_arguments(p)
+    Config.add_arguments(p, ("loader", "sampler", "job", "process"))
     p.add_argument("--data", default="data/demo-jpeg", help="the demo dataset's shards, served over HTTP")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("doctor", help="preflight: /dev/shm, memory limits, GPU, pillow-simd, Docker")
-    Config.add_arguments(p)
+    Config.add_arguments(p, (), extra=("cache", "budget", "policy", "replace_fraction", "fetch_threads", "workers",
+                                       "transfer_threads", "ring_slots", "batch_size", "image_size"))
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("dashboard", help="write the Grafana dashboard JSON generated from code")
@@ -285,12 +375,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse(message: str) -> None:
+    """The one line every refused setting becomes (exit code 2, no traceback)."""
+    from rich.markup import escape
+
+    console.print(f"[red]configuration error:[/red] {escape(message)}", soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except SettingError as exc:
+        _refuse(f"{Config.describe(exc.setting)}: {exc.message}")
+        return 2
     except (ConfigError, MetricsPortError, TimeoutError) as exc:
-        console.print(f"[red]configuration error:[/red] {exc}")
+        _refuse(str(exc))
         return 2
     except KeyboardInterrupt:
         return 130

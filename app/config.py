@@ -14,6 +14,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .loader.rank import Rank
+from .loader.settings import LoaderSettings
+from .sampler.settings import DEFAULT_CACHE, SidecarSettings
+
 ENV_PREFIX = "FEEDLINE_"
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
@@ -21,7 +25,7 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g"
 
 
 class ConfigError(ValueError):
-    """A setting with a value that cannot work; the message says which and what would."""
+    """A flag or variable with a value that cannot work; the message says which, from where, and what would."""
 
 
 def parse_size(text: str | int) -> int:
@@ -45,70 +49,133 @@ def parse_bool(text: str | bool) -> bool:
     raise ValueError(f"{text!r} is not a boolean (use true/false, 1/0, yes/no)")
 
 
-def setting(default: Any, help: str, *, parse: Callable[[Any], Any] | None = None, minimum: float | None = None,
-            maximum: float | None = None, choices: Sequence[str] | None = None, flag: bool = True) -> Any:
+# Which subcommands show a setting: each setting belongs to one or more groups (see COMMANDS).
+GROUPS = ("data", "loader", "sampler", "job", "serve", "run", "process")
+
+
+def parse_auto_int(text: str | int, minimum: int, maximum: int) -> int | str:
+    """``auto``, or an integer within the bounds."""
+    if str(text).strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("must be auto or an integer") from None
+    if value < minimum:
+        raise ValueError(f"below the minimum {minimum} (or auto)")
+    if value > maximum:
+        raise ValueError(f"above the maximum {maximum} (or auto)")
+    return value
+
+
+def setting(default: Any, help: str, groups: str, *, parse: Callable[[Any], Any] | None = None,
+            minimum: float | None = None, maximum: float | None = None,
+            choices: Sequence[str] | None = None) -> Any:
     return field(default=default, metadata={"help": help, "parse": parse, "min": minimum, "max": maximum,
-                                            "choices": choices, "flag": flag})
+                                            "choices": choices, "groups": tuple(groups.split())})
 
 
 @dataclass
 class Config:
+    """Every setting of every ``feedline`` command; builds the library parts' own settings."""
+
     # where the data is
-    shards: str = setting("", "shard paths or globs, comma-separated (data/*.tar)")
-    cache: str = setting("", "a cache directory with manifest.json, filled by `feedline sample`")
+    shards: str = setting("", "shard paths or globs, comma-separated (data/*.tar)", "data")
+    cache: str = setting("", "a cache directory with manifest.json, filled by `feedline sample`", "data sampler")
     # the staging loader
-    batch_size: int = setting(64, "samples per batch", minimum=1)
-    workers: int = setting(2, "decode worker processes", minimum=1, maximum=512)
-    transfer_threads: int = setting(1, "transfer threads in the trainer process", minimum=1, maximum=64)
+    batch_size: int = setting(64, "samples per batch", "loader", minimum=1)
+    workers: int | str = setting("auto", "decode worker processes, or auto: this rank's CPUs less one, at most "
+                                         "its shards", "loader", parse=lambda v: parse_auto_int(v, 1, 512))
+    transfer_threads: int | str = setting("auto", "transfer threads in the trainer process, or auto: 2 with "
+                                                  "CUDA, else 1", "loader", parse=lambda v: parse_auto_int(v, 1, 64))
     ring_slots: int = setting(0, "batches in the shared-memory ring (0: 2*workers + transfer_threads + 2)",
-                              minimum=0)
+                              "loader", minimum=0)
     shuffle_buffer: int = setting(1000, "samples in each worker's shuffle buffer (0: no sample shuffle)",
-                                  minimum=0)
-    seed: int = setting(0, "seed of the shard and sample order", minimum=0)
-    drop_last: bool = setting(False, "drop each worker's last partial batch", parse=parse_bool)
-    in_order: bool = setting(True, "deliver batches in a deterministic order", parse=parse_bool)
-    zero_copy: bool = setting(False, "CPU: hand out ring views valid until the next batch", parse=parse_bool)
-    device: str = setting("auto", "cpu, cuda, cuda:N, or auto (cuda when available)")
+                                  "loader", minimum=0)
+    seed: int = setting(0, "seed of the shard and sample order (and the sampler's plan)", "loader sampler",
+                        minimum=0)
+    drop_last: bool = setting(False, "drop each worker's last partial batch", "loader", parse=parse_bool)
+    in_order: bool = setting(True, "deliver batches in a deterministic order", "loader", parse=parse_bool)
+    zero_copy: bool = setting(False, "CPU: hand out ring views valid until the next batch", "loader",
+                              parse=parse_bool)
+    device: str = setting("auto", "cpu, cuda, cuda:N, or auto (cuda when available)", "loader")
     max_sample_errors: float = setting(0.05, "bad samples allowed per epoch: a count (>= 1) or a fraction (< 1)",
-                                       minimum=0)
+                                       "loader", minimum=0)
+    worker_timeout: float = setting(60.0, "seconds a worker may hold a batch without decoding a sample before it "
+                                          "is replaced (0: never)", "loader", minimum=0)
+    side_bytes: int = setting(0, "per-sample bytes for the key, text, JSON and bytes fields (0: 1 KiB with keys "
+                                 "only, else 16 KiB)", "loader", parse=parse_size, minimum=0)
+    decompress_dir: str = setting("", "where plain copies of .tar.gz/.tar.zst shards= go (default "
+                                      "~/.cache/feedline/decompressed)", "loader")
     min_shards: int = setting(1, "cache shards needed before training starts (the sampler's /readyz too)",
-                              minimum=1)
-    wait_timeout: float = setting(120.0, "seconds the trainer waits for min_shards in the cache", minimum=0)
+                              "loader sampler", minimum=1)
+    wait_timeout: float = setting(120.0, "seconds the trainer waits for min_shards in the cache", "loader",
+                                  minimum=0)
+    rank_scope: str = setting("global", "split shards by the global RANK, or by LOCAL_RANK when each node's "
+                                        "cache holds its own partition", "loader", choices=("global", "local"))
     # the sampler sidecar
-    source: str = setting("", "dataset: http(s):// URLs with {000..123} braces, an index file, or a path")
-    budget: int = setting(1 << 30, "cache budget in bytes or with a unit (512MiB, 8GiB)", parse=parse_size,
-                          minimum=1)
+    source: str = setting("", "dataset: http(s):// URLs with {000..123} braces, an index file, or a path",
+                          "sampler")
+    budget: int = setting(1 << 30, "cache budget in bytes or with a unit (512MiB, 8GiB)", "sampler",
+                          parse=parse_size, minimum=1)
     policy: str = setting("grow", "cache policy: grow (epoch by epoch) or fill (to the budget, then refresh)",
-                          choices=("grow", "fill"))
-    initial_shards: int = setting(4, "grow: shards fetched before the first epoch", minimum=1)
+                          "sampler", choices=("grow", "fill"))
+    initial_shards: int = setting(4, "grow: shards fetched before the first epoch", "sampler", minimum=1)
     grow_shards: int = setting(4, "grow: shards added at each new loader epoch until the budget is full",
-                               minimum=0)
+                               "sampler", minimum=0)
     replace_fraction: float = setting(0.1, "grow: share of the oldest shards replaced per epoch once full",
-                                      minimum=0, maximum=1)
-    refresh_per_minute: float = setting(6.0, "fill: shards replaced per minute once full", minimum=0)
-    fetch_threads: int = setting(4, "concurrent shard downloads", minimum=1, maximum=64)
-    max_mbps: float = setting(0.0, "bandwidth cap of the downloads in MB/s (0: none)", minimum=0)
-    fetch_timeout: float = setting(30.0, "seconds without data before a download is retried", minimum=0.1)
-    retries: int = setting(3, "retries of a failed download (with exponential backoff and jitter)", minimum=0)
-    partition_index: int = setting(0, "sampler: which part of the source this node samples (multi-node)",
+                                      "sampler", minimum=0, maximum=1)
+    refresh_per_minute: float = setting(6.0, "fill: shards replaced per minute once full", "sampler", minimum=0)
+    fetch_threads: int = setting(4, "concurrent shard downloads", "sampler", minimum=1, maximum=64)
+    max_mbps: float = setting(0.0, "bandwidth cap of the downloads in MB/s (0: none)", "sampler", minimum=0)
+    fetch_timeout: float = setting(30.0, "seconds without data before a download is retried", "sampler",
+                                   minimum=0.1)
+    retries: int = setting(3, "quick retries of a failed download (exponential backoff and jitter, or what the "
+                              "store's Retry-After asks); then the shard waits for a later try", "sampler", minimum=0)
+    retry_max_seconds: float = setting(300.0, "longest wait before a failed shard, or a failing store, is tried "
+                                              "again (the wait doubles up to it; nothing is given up)", "sampler",
+                                       minimum=1)
+    fetch_min_mbps: float = setting(0.01, "a download slower than this (MB/s) over fetch_timeout seconds is "
+                                          "abandoned and retried (0: no floor)", "sampler", minimum=0)
+    auth_header: str = setting("", "a header for private stores, 'Name: value' (or a bare token, sent as a bearer "
+                                   "token)", "sampler")
+    auth_header_file: str = setting("", "a file holding that header or token, read at each request (a mounted "
+                                        "Secret)", "sampler")
+    partition_index: int = setting(0, "which part of the source this node samples (multi-node)", "sampler",
                                    minimum=0)
-    partition_count: int = setting(1, "sampler: how many parts the source is split into (one per node)",
+    partition_count: int = setting(1, "how many parts the source is split into (one per node)", "sampler",
                                    minimum=1)
-    rank_scope: str = setting("global", "loader: split shards by the global RANK, or by LOCAL_RANK when each "
-                              "node's cache holds its own partition", choices=("global", "local"))
+    # the metrics endpoint
     metrics_port: int = setting(-1, "metrics/health port (-1: 9101 for sample, 9102 for train; 0: any free)",
-                                minimum=-1, maximum=65535)
-    metrics_addr: str = setting("127.0.0.1", "address the metrics endpoint binds (0.0.0.0 in containers)")
+                                "serve", minimum=-1, maximum=65535)
+    metrics_addr: str = setting("127.0.0.1", "address the metrics endpoint binds (0.0.0.0 in containers)",
+                                "serve")
     # the demo training job
-    epochs: int = setting(3, "epochs to train", minimum=1)
+    epochs: int = setting(3, "epochs to train", "job", minimum=1)
     step_ms: float = setting(0.0, "minimum time of one training step in ms (0: as fast as the model runs)",
-                             minimum=0)
-    image_size: int = setting(64, "side of the random-resized crop fed to the model", minimum=8, maximum=1024)
-    classes: int = setting(10, "output classes of the demo model", minimum=2)
-    max_steps: int = setting(0, "stop each epoch after this many steps (0: whole epoch)", minimum=0)
+                             "job", minimum=0)
+    image_size: int = setting(64, "side of the random-resized crop fed to the model", "job", minimum=8,
+                              maximum=1024)
+    classes: int = setting(10, "output classes of the demo model", "job", minimum=2)
+    max_steps: int = setting(0, "stop each epoch after this many steps (0: whole epoch)", "job", minimum=0)
+    checkpoint: str = setting("", "a directory for checkpoints (model, optimizer, loader state); saved every "
+                                  "checkpoint_every steps, on SIGTERM and at the end", "job")
+    checkpoint_every: int = setting(0, "steps between checkpoints (0: only on SIGTERM and at the end)", "job",
+                                    minimum=0)
+    dist_timeout: float = setting(300.0, "seconds a collective of a torchrun job waits for the other ranks "
+                                         "before the job fails (a rank that died)", "job", minimum=1)
+    equal_batches: str = setting("drop", "under torchrun every rank yields the same number of batches: the "
+                                         "smallest rank's (drop), the largest's (pad), or off", "loader",
+                                 choices=("drop", "pad", "off"))
+    resume: bool = setting(False, "start from the newest complete checkpoint in the checkpoint directory", "job",
+                           parse=parse_bool)
+    # bring your own training (`feedline run`)
+    train_cmd: str = setting("", "the training command `feedline run` starts once the cache is ready, as shell "
+                                 "words (python /workspace/train.py); the words after `feedline run --` win",
+                             "run")
     # process
-    log_level: str = setting("INFO", "logging level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-    progress: bool = setting(True, "show progress bars", parse=parse_bool)
+    log_level: str = setting("INFO", "logging level", "process", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    progress: bool = setting(True, "show progress bars", "process", parse=parse_bool)
 
     @classmethod
     def names(cls) -> list[str]:
@@ -123,14 +190,21 @@ class Config:
         return "--" + name.replace("_", "-")
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
-        """One flag per setting; the default is None so a flag only overrides what was given."""
+    def describe(cls, name: str) -> str:
+        """``name (--flag / FEEDLINE_NAME)``: how a message names a setting to a person."""
+        return f"{name} ({cls.flag_name(name)} / {cls.env_name(name)})" if name in cls.names() else name
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser, groups: Sequence[str] = GROUPS,
+                      extra: Sequence[str] = ()) -> None:
+        """One flag per setting of ``groups`` (and the ``extra`` names); a flag only overrides what was given."""
         for f in dataclasses.fields(cls):
-            if only is not None and f.name not in only:
+            if f.name not in extra and not set(f.metadata["groups"]) & set(groups):
                 continue
-            meta = f.metadata
+            boolean = isinstance(f.default, bool)  # `--resume` alone means true; `--resume false` works too
             parser.add_argument(cls.flag_name(f.name), dest=f.name, default=None, metavar=f.name.upper(),
-                                help=f"{meta['help']} (env {cls.env_name(f.name)}, default {f.default!r})")
+                                nargs="?" if boolean else None, const="true" if boolean else None,
+                                help=f"{f.metadata['help']} (env {cls.env_name(f.name)}, default {f.default!r})")
 
     @classmethod
     def load(cls, args: argparse.Namespace | Mapping[str, Any] | None = None,
@@ -183,49 +257,63 @@ class Config:
         return value
 
     def validate(self) -> None:
+        """What only this object can check; each library part checks its own settings when they are built."""
+        if self.resume and not self.checkpoint:
+            raise ConfigError("resume is set but checkpoint is not: give the checkpoint directory to resume from "
+                              "(--checkpoint / FEEDLINE_CHECKPOINT)")
         if self.shards and self.cache:
             raise ConfigError("shards and cache are both set: give one (FEEDLINE_SHARDS / --shards, "
                               "or FEEDLINE_CACHE / --cache)")
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
             raise ConfigError(f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N")
-        if self.partition_index >= self.partition_count:
-            raise ConfigError(f"partition_index: {self.partition_index} is not below partition_count="
-                              f"{self.partition_count} (FEEDLINE_PARTITION_INDEX / FEEDLINE_PARTITION_COUNT)")
-        if self.ring_slots and self.ring_slots < self.workers:
-            raise ConfigError(f"ring_slots: {self.ring_slots} is fewer than workers={self.workers}; "
-                              f"use 0 (automatic) or at least {2 * self.workers}")
 
     def resolved_device(self) -> str:
-        if self.device != "auto":
-            return self.device
-        import torch
+        """``auto`` made ``cuda`` or ``cpu``; under torchrun ``cuda`` is this process's GPU, ``cuda:LOCAL_RANK``."""
+        device = self.device
+        if device == "auto":
+            import torch
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and "LOCAL_RANK" in os.environ:
+            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        return device
 
     def shard_list(self) -> list[str]:
         return [s.strip() for s in self.shards.split(",") if s.strip()]
 
-    def loader_kwargs(self, serve_metrics: bool = False) -> dict[str, Any]:
-        """The StagingLoader arguments this configuration sets; the trainer serves metrics (9102)."""
-        kw: dict[str, Any] = dict(min_shards=self.min_shards, wait_timeout=self.wait_timeout,
-            batch_size=self.batch_size, workers=self.workers, transfer_threads=self.transfer_threads,
-            shuffle_buffer=self.shuffle_buffer, seed=self.seed, drop_last=self.drop_last, in_order=self.in_order,
-            zero_copy=self.zero_copy, device=self.resolved_device(), max_sample_errors=self.max_sample_errors,
-        )
-        if self.ring_slots:
-            kw["ring_slots"] = self.ring_slots
-        kw["metrics_port"] = None if self.metrics_port == -1 and not serve_metrics else \
-            (9102 if self.metrics_port == -1 else self.metrics_port)
-        kw["metrics_addr"] = self.metrics_addr
-        if self.rank_scope == "local":
-            from .loader.plan import Rank
+    def loader_source(self) -> dict[str, Any]:
+        """``cache=`` or ``shards=``, as the loader takes them."""
+        return {"cache": self.cache} if self.cache else {"shards": self.shard_list()}
 
-            kw["rank"] = Rank.detect(local=True)
-        if self.cache:
-            kw["cache"] = self.cache
-        else:
-            kw["shards"] = self.shard_list()
-        return kw
+    def loader_settings(self) -> LoaderSettings:
+        return LoaderSettings(
+            batch_size=self.batch_size, workers=self.workers, transfer_threads=self.transfer_threads,
+            ring_slots=self.ring_slots or None, shuffle_buffer=self.shuffle_buffer, seed=self.seed,
+            drop_last=self.drop_last, in_order=self.in_order, zero_copy=self.zero_copy,
+            device=self.resolved_device(), max_sample_errors=self.max_sample_errors,
+            worker_timeout=self.worker_timeout, side_bytes=self.side_bytes or None,
+            decompress_dir=self.decompress_dir or None, equal_batches=self.equal_batches,
+            min_shards=self.min_shards, wait_timeout=self.wait_timeout,
+            rank=Rank.detect(local=True) if self.rank_scope == "local" else None)
+
+    def sidecar_settings(self) -> SidecarSettings:
+        return SidecarSettings(
+            source=self.source, cache=self.cache or DEFAULT_CACHE, budget=self.budget, policy=self.policy,
+            initial_shards=self.initial_shards, grow_shards=self.grow_shards, replace_fraction=self.replace_fraction,
+            refresh_per_minute=self.refresh_per_minute, fetch_threads=self.fetch_threads, max_mbps=self.max_mbps,
+            fetch_timeout=self.fetch_timeout, fetch_min_mbps=self.fetch_min_mbps, retries=self.retries,
+            retry_max_seconds=self.retry_max_seconds, auth_header=self.auth_header,
+            auth_header_file=self.auth_header_file, partition_index=self.partition_index,
+            partition_count=self.partition_count, seed=self.seed, min_shards=self.min_shards)
+
+    def port(self, default: int) -> int:
+        """The metrics port: the setting, or the command's default where it is -1."""
+        return default if self.metrics_port == -1 else self.metrics_port
+
+    def trainer_port(self, local_rank: int) -> int:
+        """A training process's metrics port: 9102 (or the setting) + its LOCAL_RANK; 0 stays 'any free'."""
+        port = self.port(9102)
+        return port + local_rank if port else port
 
 
 # Variables with the prefix that are not settings of this object (read elsewhere).

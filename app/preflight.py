@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class MemoryBudget:
+    """How much memory this process may still use, and what bounds it."""
+
     available: int  # bytes this process can still allocate (host and cgroup)
     cgroup_limit: int | None
     source: str  # what bounded it, for messages
@@ -93,6 +95,8 @@ def fmt_bytes(n: float) -> str:
 
 @dataclass(frozen=True)
 class Check:
+    """One preflight result: ok, failed (with the fix), or not applicable here."""
+
     name: str
     ok: bool | None  # None: not applicable here (skipped), with the reason in detail
     detail: str
@@ -143,13 +147,21 @@ def check_gpu() -> Check:
                  "`nvidia.com/gpu`) and use the NVIDIA container runtime")
 
 
+def pil_is_simd() -> bool:
+    """The PIL in use is pillow-simd (its versions end in .postN; stock Pillow's never do)."""
+    import PIL
+
+    return ".post" in PIL.__version__
+
+
 def check_pillow_simd() -> Check:
+    """The one pillow-simd check: ./scripts/setup, the tests, the benchmark and `feedline doctor` use it."""
     try:
         import PIL
         import PIL.features
     except ImportError:
         return Check("pillow-simd", False, "PIL is not installed", "run ./scripts/setup")
-    simd = PIL.__version__.endswith(".post0") or ".post" in PIL.__version__
+    simd = pil_is_simd()
     turbo = bool(PIL.features.check_feature("libjpeg_turbo"))
     detail = f"PIL {PIL.__version__}, libjpeg-turbo {'yes' if turbo else 'no'}"
     if simd and turbo:

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from torch import nn
 
+from .api import StagingLoader
+from .checkpoint import CheckpointDir
 from .config import Config
+from .distributed import Job, anyone, barrier, gather_json
 from .formats.transforms import RandomResizedCrop
-from .loader.loader import StagingLoader
 from .loader.stats import LoaderStats
 
 log = logging.getLogger("feedline.train")
@@ -42,6 +45,8 @@ class DemoNet(nn.Module):
 
 @dataclass
 class EpochSummary:
+    """One epoch of the demo job, as the summary table shows it."""
+
     epoch: int
     steps: int = 0
     samples: int = 0
@@ -85,16 +90,24 @@ class EpochSummary:
 
 @dataclass
 class TrainSummary:
+    """The whole demo run: per-epoch rows (all ranks' together) and the loader's final counters (this rank's)."""
+
     device: str
     epochs: list[EpochSummary]
     final: LoaderStats | None = None
     interrupted: bool = False
+    ranks: int = 1
+    steps: list[int] = field(default_factory=list)  # per rank, over the whole run
+    parameters: list[float] = field(default_factory=list)  # per rank: a checksum of the model's parameters
 
     def to_json(self) -> dict[str, Any]:
         f = self.final
         return {
             "device": self.device,
             "interrupted": self.interrupted,
+            "ranks": self.ranks,
+            "steps_per_rank": self.steps,
+            "parameter_checksum_per_rank": self.parameters,
             "epochs": [e.to_json() for e in self.epochs],
             "loader": None if f is None else {
                 "samples_total": f.samples_total, "bytes_total": f.bytes_total,
@@ -106,24 +119,54 @@ class TrainSummary:
         }
 
 
-def build_loader(cfg: Config) -> StagingLoader:
-    transform = RandomResizedCrop(cfg.image_size, fields=["jpg"])
-    return StagingLoader(transform=transform, spec={"jpg": ("uint8", (cfg.image_size, cfg.image_size, 3)),
-                                                     "cls": "int64"}, **cfg.loader_kwargs(serve_metrics=True))
+def build_loader(cfg: Config, job: Job = Job()) -> StagingLoader:
+    """The demo's loader: random-resized crops of the JPEGs and their labels; metrics on 9102 (+ LOCAL_RANK)."""
+    return StagingLoader.from_settings(
+        cfg.loader_settings(), **cfg.loader_source(), transform=RandomResizedCrop(cfg.image_size, fields=["jpg"]),
+        spec={"jpg": ("uint8", (cfg.image_size, cfg.image_size, 3)), "cls": "int64"},
+        metrics_port=cfg.trainer_port(job.local_rank), metrics_addr=cfg.metrics_addr)
 
 
 def train(cfg: Config, loader: StagingLoader,
           on_step: Callable[[EpochSummary, LoaderStats | None], None] | None = None,
-          on_epoch_start: Callable[[int], None] | None = None) -> TrainSummary:
-    """Train the demo model for ``cfg.epochs`` epochs; ``on_step`` drives a progress display."""
+          on_epoch_start: Callable[[int], None] | None = None, stop: threading.Event | None = None,
+          trace_keys: TextIO | None = None, job: Job = Job()) -> TrainSummary:
+    """Train the demo model for ``cfg.epochs`` epochs; ``on_step`` drives a progress display.
+
+    Under torchrun (``job.distributed``) the model is wrapped in DistributedDataParallel and every rank
+    stops at the same step. With ``cfg.checkpoint`` it saves model, optimizer and every rank's loader state
+    every ``cfg.checkpoint_every`` steps, when ``stop`` is set (SIGTERM: the current step is finished first)
+    and at the end; with ``cfg.resume`` it starts from the newest complete checkpoint there.
+    ``trace_keys`` gets the key of every sample this rank trained.
+    """
     device = loader.device
     torch.manual_seed(cfg.seed)
-    model = DemoNet(cfg.classes).to(device)
+    net = DemoNet(cfg.classes).to(device)
+    model: nn.Module = net
+    if job.distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    summary = TrainSummary(str(device), [])
+    summary = TrainSummary(str(device), [], ranks=job.world)
     step_floor = cfg.step_ms / 1000.0
-    for epoch in range(cfg.epochs):
+    checkpoints = CheckpointDir(cfg.checkpoint) if cfg.checkpoint else None
+    step = 0
+    if checkpoints is not None and cfg.resume:
+        step = _resume(checkpoints, net, opt, loader, job)
+
+    def save() -> None:
+        states = gather_json(job, loader.state_dict())  # every rank takes part; rank 0 writes
+        if checkpoints is not None and job.leader:
+            if trace_keys is not None:
+                trace_keys.flush()
+            checkpoints.save(step, net.state_dict(), opt.state_dict(), {"ranks": states},
+                             {"epoch": loader.epoch, "epochs": cfg.epochs, "world": job.world})
+        barrier(job)
+
+    for epoch in range(loader.next_epoch, cfg.epochs):
+        loader.set_epoch(epoch)
         before = loader.stats()
         es = EpochSummary(epoch)
         summary.epochs.append(es)
@@ -132,6 +175,7 @@ def train(cfg: Config, loader: StagingLoader,
             on_epoch_start(epoch)
         es.shards = len(loader.epoch_shards)
         es.shard_bytes = sum(os.path.getsize(p) for p in loader.epoch_shards if os.path.exists(p))
+        stopping = False
         for batch in it:
             t0 = time.perf_counter()
             images, labels = batch["jpg"], batch["cls"] % cfg.classes
@@ -146,14 +190,22 @@ def train(cfg: Config, loader: StagingLoader,
             spare = step_floor - (time.perf_counter() - t0)
             if spare > 0:
                 time.sleep(spare)
+            step += 1
             es.steps += 1
             es.samples += int(labels.shape[0])
+            if trace_keys is not None:
+                trace_keys.write("".join(f"{k}\n" for k in batch["__key__"]))
             stats = loader.stats() if es.steps % 10 == 1 else None
             if stats is not None:
                 for k in es.depth_sum:
                     es.depth_sum[k] += stats.queue_depth[k] * 10
             if on_step is not None:
                 on_step(es, stats)
+            stopping = anyone(job, stop is not None and stop.is_set())  # all ranks stop at the same step
+            if stopping:
+                break
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                save()
             if cfg.max_steps and es.steps >= cfg.max_steps:
                 break
         if device.type == "cuda":
@@ -163,7 +215,48 @@ def train(cfg: Config, loader: StagingLoader,
         es.decoded_bytes = after.bytes_total["decoded"] - before.bytes_total["decoded"]
         es.data_wait_seconds = after.data_wait_seconds_total - before.data_wait_seconds_total
         es.step_seconds = after.step_seconds_total - before.step_seconds_total
+        _across_ranks(es, job)
         log.info("epoch %d: %d samples in %.1f s (%.0f samples/s, %.1f MB/s), data wait %.2f s, starvation %.2f",
                  epoch, es.samples, es.seconds, es.samples_per_s, es.mb_per_s, es.data_wait_seconds, es.starvation)
+        if stopping:
+            log.info("stopping at step %d (SIGTERM), in epoch %d", step, epoch)
+            summary.interrupted = True
+            break
+    save()
+    summary.steps = [int(n) for n in gather_json(job, step)]
+    summary.parameters = gather_json(job, float(sum(p.detach().double().sum() for p in net.parameters())))
     summary.final = loader.stats()
     return summary
+
+
+def _resume(checkpoints: CheckpointDir, net: nn.Module, opt: torch.optim.Optimizer, loader: StagingLoader,
+            job: Job) -> int:
+    """Load the newest complete checkpoint into the model, optimizer and loader; its step (0: none yet)."""
+    found = checkpoints.latest()
+    if found is None:
+        log.info("no checkpoint in %s yet: starting from the beginning", checkpoints.directory)
+        return 0
+    net.load_state_dict(found.model)
+    opt.load_state_dict(found.optimizer)
+    states = found.loader["ranks"]
+    if len(states) == job.world:
+        loader.load_state_dict(states[job.rank])
+    else:  # another world size than the checkpoint's: every rank replays all the saved states
+        log.info("the checkpoint has %d rank(s), this job %d: resuming the loader elastically", len(states),
+                 job.world)
+        loader.load_state_dict(states, elastic=True)
+    log.info("resuming from %s: step %d, epoch %d", found.path, found.step, loader.next_epoch)
+    return found.step
+
+
+def _across_ranks(es: EpochSummary, job: Job) -> None:
+    """The epoch's row for the whole job: samples and bytes summed, the slowest rank's time, the most starved
+    rank's data wait and step."""
+    if not job.distributed:
+        return
+    rows = gather_json(job, [es.samples, es.decoded_bytes, es.seconds, es.data_wait_seconds, es.step_seconds])
+    worst = max(rows, key=lambda r: r[3] / (r[3] + r[4]) if r[3] + r[4] else 0.0)
+    es.samples = int(sum(r[0] for r in rows))
+    es.decoded_bytes = int(sum(r[1] for r in rows))
+    es.seconds = max(r[2] for r in rows)
+    es.data_wait_seconds, es.step_seconds = worst[3], worst[4]

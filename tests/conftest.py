@@ -1,12 +1,18 @@
+"""Fixtures every test file shares: the leak check, a remote store of id shards, a cache, sampler processes."""
+
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from helpers import children_of, shm_entries  # noqa: E402
+from helpers import N_SHARDS, children_of, id_shards, shm_entries  # noqa: E402
+
+from app.demo.store import FileStore  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -22,3 +28,54 @@ def nothing_left_behind():
         os.kill(pid, signal.SIGKILL)
     assert left == [], "a test left child processes running"
     assert shm_entries() - before == set(), "a test left entries in /dev/shm"
+
+
+@pytest.fixture
+def shards(tmp_path):
+    """6 shards of 37 id samples each (ids 0..221)."""
+    return id_shards(str(tmp_path / "ids"), shards=6, per_shard=37)
+
+
+@pytest.fixture
+def data(tmp_path):
+    """The remote dataset: N_SHARDS shards of 20 samples with 2 KiB payloads."""
+    d = tmp_path / "remote"
+    id_shards(str(d), shards=N_SHARDS, per_shard=20, payload=2048)
+    return d
+
+
+@pytest.fixture
+def remote(data):
+    """``data`` served over HTTP on 127.0.0.1 (faults can be injected per path)."""
+    with FileStore(str(data)) as store:
+        yield store
+
+
+@pytest.fixture
+def cache(tmp_path):
+    d = tmp_path / "cache"
+    yield str(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def samplers():
+    """Sampler processes a test started; killed at its end if still running."""
+    started = []
+    yield started
+    for s in started:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.communicate()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 64 MiB tmpfs (skipped where this user cannot mount one)."""
+    mnt = tmp_path / "shm"
+    mnt.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({out.stderr.strip()})")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=True)

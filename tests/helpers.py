@@ -1,12 +1,24 @@
-"""Test data written as real tar shards, and checks that nothing was left behind."""
+"""Test data written as real tar shards, processes the tests start, and checks that nothing was left behind."""
 
 from __future__ import annotations
 
 import io
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import tarfile
+import time
+import urllib.error
+import urllib.request
 
 import numpy as np
+
+from app.demo.procs import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N_SHARDS = 10  # shards of the remote dataset fixture (conftest: data)
 
 
 def jpeg_bytes(seed: int, size: tuple[int, int] = (96, 72)) -> bytes:
@@ -70,3 +82,135 @@ def children_of(pid: int) -> list[int]:
 
 def shm_entries() -> set[str]:
     return {e for e in os.listdir("/dev/shm") if "feedline" in e or e.startswith(("psm_", "wnsm_", "torch_"))}
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (via /proc), to prove none outlives the trainer."""
+    parents = {}
+    for e in os.listdir("/proc"):
+        if e.isdigit():
+            try:
+                with open(f"/proc/{e}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if fields[0] != "Z":
+                    parents[int(e)] = int(fields[1])
+            except OSError:
+                pass
+    out: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - out
+        out |= frontier
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def gone(pids, timeout: float = 10.0) -> bool:
+    """True once none of ``pids`` runs (zombies count as gone)."""
+    return wait_for(lambda: not any(alive(p) for p in pids), timeout)
+
+
+def wait_for(predicate, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def shard_bytes(data) -> int:
+    return os.path.getsize(data / "ids-0000.tar")
+
+
+def publish_copy(store, data, k: int):
+    """Publish shard ``k`` of the remote dataset into a CacheStore, as the sampler does after a download."""
+    partial = store.partial_path(f"ids-{k:04d}")
+    shutil.copyfile(data / f"ids-{k:04d}.tar", partial)
+    return store.publish(f"ids-{k:04d}", partial)
+
+
+def manifest_ids(cache: str) -> list[str]:
+    from app.cache.manifest import read_manifest
+
+    try:
+        return [s.id for s in read_manifest(cache).shards]
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+class Sampler:
+    """`feedline sample` in its own process, over the remote store's N_SHARDS shards."""
+
+    def __init__(self, remote, cache, *args, port=None, source=None, env=None):
+        self.port = port or free_port()
+        source = source or f"{remote.url}/ids-{{0000..{N_SHARDS - 1:04d}}}.tar"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "sample", "--source", source,
+             "--cache", cache, "--metrics-port", str(self.port), "--progress", "false", "--retries", "1", *args],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, **env} if env else None)
+
+    def get(self, path):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError:
+            return None, ""
+
+    def metric(self, name, **labels):
+        """One sample of its /metrics (0 when absent): ``metric("feedline_fetch_errors_total", reason="timeout")``."""
+        want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else "")
+        _, text = self.get("/metrics")
+        for line in text.splitlines():
+            if line.startswith(want + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def wait_ready(self, timeout=20):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.stdout.read()
+            if self.get("/readyz")[0] == 200:
+                return
+            time.sleep(0.05)
+        raise AssertionError("the sampler never became ready")
+
+    def exit_output(self, timeout=30):
+        """Its output once it exits by itself (a refusal at start-up)."""
+        out, _ = self.proc.communicate(timeout=timeout)
+        return out
+
+    def stop(self, sig=signal.SIGTERM, timeout=10):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        out, _ = self.proc.communicate(timeout=timeout)
+        return out
+
+
+def caption(i: int) -> str:
+    return "a photo of thing %d" % i + " and more" * (i % 7)  # lengths vary: longer than the first later
+
+
+def wds_shards(directory, shards=4, per_shard=12, suffix="tar", extra=None, sizes=((64, 48), (48, 64))) -> str:
+    """Shards written by webdataset.ShardWriter (jpg, cls, txt, json and an unknown member); their brace list."""
+    import webdataset as wds
+
+    os.makedirs(directory, exist_ok=True)
+    with wds.ShardWriter(os.path.join(directory, f"shard-%06d.{suffix}"), maxcount=per_shard, verbose=0) as sink:
+        for i in range(shards * per_shard):
+            sample = {"__key__": f"{i:06d}", "jpg": jpeg_bytes(i, sizes[i % len(sizes)]), "cls": i % 5,
+                      "txt": caption(i), "json": {"id": i, "tags": ["t"] * (i % 3), "ok": True},
+                      "dat": bytes([i % 256]) * (1 + i % 4)}
+            sample.update((extra or {}).get(i, {}))
+            sink.write(sample)
+    return os.path.join(directory, f"shard-{{000000..{shards - 1:06d}}}.{suffix}")

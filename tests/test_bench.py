@@ -11,8 +11,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
     out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
     run = subprocess.run(
-        [sys.executable, "-m", "app.cli", "bench", "--seconds", "0.5", "--workers", "1", "--raw-samples", "48",
+        [sys.executable, "-m", "app.cli", "bench", "--quick", "--seconds", "0.5", "--workers", "1", "--raw-samples", "48",
          "--jpeg-samples", "48", "--sample-size", "64KiB", "--json", str(out_json), "--markdown", str(out_md),
+         # the distributed workload is scripts/two-nodes twice, which tests/test_distributed.py runs already
+         "--workloads", "raw,jpeg,captioned,scaling,sampler",
          "--host", "test-host"],
         capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -22,10 +24,44 @@ def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
     jpeg = doc["workloads"]["jpeg"]
     assert jpeg["DataLoader + stock Pillow"]["pil"] != jpeg["feedline (zero-copy)"]["pil"]  # the real baseline
     assert all(row["samples_per_s"] > 0 for rows in doc["workloads"].values() for row in rows.values())
-    assert len(doc["targets"]) == 6
+    assert set(doc["workloads"]["captioned"]) == {"feedline (zero-copy)", "feedline (copy)", "webdataset + DataLoader",
+                                                  "DataLoader + hand-written collate"}
+    assert len(doc["targets"]) == 13  # every target but the distributed row
+    scaling = doc["scaling"]
+    assert scaling["workers"][0] == 1 and all(f"{w} workers" in scaling["rows"] for w in scaling["workers"])
+    assert doc["settings"]["quick"] and doc["settings"]["rounds"] == 1
     fill = doc["sampler"]["fill"]
-    assert fill["sampler_gb_per_s"] > 0 and fill["curl_gb_per_s"] > 0
+    assert fill["sampler_gb_per_s"] > 0 and fill["curl_gb_per_s"] > 0 and fill["urllib_gb_per_s"] > 0
+    s3 = doc["sampler"]["s3"]
+    assert s3["sampler_mb_per_s"] > 0 and s3["boto3_mb_per_s"] > 0
     training = doc["sampler"]["training"]
     assert training["prefilled"]["samples_per_s"] > 0 and training["filling"]["samples_per_s"] > 0
+    assert all(len(row["rounds"]) == 1 for rows in doc["workloads"].values() for row in rows.values())
     md = out_md.read_text()
+    assert "### JPEG decode scaling" in md
     assert "| feedline (zero-copy) |" in md and "### Targets" in md
+
+
+def test_rounds_interleave_in_a_rotating_order_after_a_warm_up_and_report_medians_and_ranges():
+    from app.bench.rounds import Contender, interleaved, ratio
+
+    calls = []
+
+    def runner(name, rates):
+        it = iter(rates)
+
+        def run(seconds):
+            calls.append((name, seconds))
+            return {"samples_per_s": next(it), "mb_per_s": 1.0, "main_cpu_pct": 5.0, "pil": "x"}
+        return run
+
+    a = Contender("a", runner("a", [999, 10, 30, 20]))
+    b = Contender("b", runner("b", [999, 5, 10, 20]), seconds=2.0)
+    rows = interleaved([a, b], rounds=3, seconds=4.0, warmup=1.0)
+    # warm-up a, b; round 0: a, b; round 1: b, a (rotated); round 2: a, b
+    assert [n for n, _ in calls] == ["a", "b", "a", "b", "b", "a", "a", "b"]
+    assert calls[:2] == [("a", 1.0), ("b", 1.0)] and ("b", 2.0) in calls  # warm-up, then each its own time
+    assert rows["a"]["samples_per_s"] == 20 and rows["a"]["range"]["samples_per_s"] == [10, 30]
+    assert [r["samples_per_s"] for r in rows["a"]["rounds"]] == [10, 30, 20]  # the warm-up is not kept
+    med, lo, hi = ratio(rows["a"], rows["b"])  # per round: 10/5, 30/10, 20/20
+    assert (med, lo, hi) == (2.0, 1.0, 3.0)

@@ -6,34 +6,45 @@ import os
 import threading
 
 import pytest
-from helpers import id_shards
+from helpers import publish_copy, shard_bytes
 
 from app.cache.manifest import read_manifest, shard_path
 from app.cache.store import BudgetError, CacheStore
+from app.demo.store import Fault
 from app.formats.shard_index import ShardError
+from app.formats.urls import expand
 from app.sampler.fetch import Fetcher, FetchError, RateLimiter
-from app.sampler.http_store import Fault, FileStore
 from app.sampler.policy import FillPolicy, GrowPolicy, shard_plan
-from app.sampler.sources import SourceError, SourceShard, expand_braces, list_shards
-
-
-@pytest.fixture
-def data(tmp_path):
-    d = tmp_path / "remote"
-    id_shards(str(d), shards=8, per_shard=20, payload=2048)
-    return d
-
-
-def _size(data):
-    return os.path.getsize(data / "ids-0000.tar")
-
+from app.sampler.sources import SourceError, SourceShard, list_shards
 
 # -- sources and plans ----------------------------------------------------------------------------
 
 def test_brace_expansion_gives_zero_padded_ranges_and_lists():
-    assert expand_braces("s-{000..002}.tar") == ["s-000.tar", "s-001.tar", "s-002.tar"]
-    assert expand_braces("{a,b}/x-{8..10}.tar") == ["a/x-8.tar", "a/x-9.tar", "a/x-10.tar",
-                                                     "b/x-8.tar", "b/x-9.tar", "b/x-10.tar"]
+    assert expand("s-{000..002}.tar") == ["s-000.tar", "s-001.tar", "s-002.tar"]
+    assert expand("{a,b}/x-{8..10}.tar") == ["a/x-8.tar", "a/x-9.tar", "a/x-10.tar",
+                                              "b/x-8.tar", "b/x-9.tar", "b/x-10.tar"]
+
+
+def test_brace_expansion_handles_nested_stepped_descending_and_padded_ranges():
+    assert expand("s-{a,{b,c}}.tar") == ["s-a.tar", "s-b.tar", "s-c.tar"]
+    assert expand("{0..6..2}") == ["0", "2", "4", "6"]
+    assert expand("{3..1}") == ["3", "2", "1"]
+    assert expand("{1..03}") == ["01", "02", "03"]
+
+
+def test_lists_join_with_double_colons_and_file_urls_are_paths():
+    assert expand("file:///d/a-{0..1}.tar::/e/b.tar") == ["/d/a-0.tar", "/d/a-1.tar", "/e/b.tar"]
+
+
+def test_compressed_and_presigned_urls_are_shards_not_index_files():
+    shards = list_shards("http://store/d/s-{0..1}.tar.gz::https://bucket/x.tar?X-Amz-Signature=abc&t=1")
+    assert [(s.id, s.compression) for s in shards] == [("s-0", "gzip"), ("s-1", "gzip"), ("x", None)]
+    assert shards[2].url.endswith("?X-Amz-Signature=abc&t=1")
+
+
+def test_a_url_that_is_neither_a_shard_nor_an_index_is_refused_with_the_rules():
+    with pytest.raises(SourceError, match="index file"):
+        list_shards("http://store/d/data.bin")
 
 
 def test_http_url_patterns_become_shards_with_ids():
@@ -83,19 +94,11 @@ def test_fill_policy_fills_then_refreshes_at_its_rate():
 
 # -- the store --------------------------------------------------------------------------------------
 
-def _publish(store, data, k):
-    src = data / f"ids-{k:04d}.tar"
-    partial = store.partial_path(f"ids-{k:04d}")
-    with open(src, "rb") as f, open(partial, "wb") as g:
-        g.write(f.read())
-    return store.publish(f"ids-{k:04d}", partial)
-
-
 def test_publish_places_shard_and_index_and_bumps_the_generation(tmp_path, data):
-    store = CacheStore(str(tmp_path / "cache"), budget_bytes=10 * _size(data))
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=10 * shard_bytes(data))
     store.recover()
     gen = store.generation
-    entry = _publish(store, data, 0)
+    entry = publish_copy(store, data, 0)
     path = shard_path(store.root, entry.id)
     assert os.path.exists(path) and os.path.exists(path[:-4] + ".idx")
     m = read_manifest(store.root)
@@ -104,10 +107,10 @@ def test_publish_places_shard_and_index_and_bumps_the_generation(tmp_path, data)
 
 
 def test_budget_is_kept_by_evicting_the_oldest_first(tmp_path, data):
-    store = CacheStore(str(tmp_path / "cache"), budget_bytes=3 * _size(data) + 100)
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=3 * shard_bytes(data) + 100)
     store.recover()
     for k in range(6):
-        _publish(store, data, k)
+        publish_copy(store, data, k)
         assert store.total_bytes <= store.budget_bytes
         on_disk = sum(os.path.getsize(p) for p in (tmp_path / "cache" / "shards").glob("*.tar"))
         assert on_disk <= store.budget_bytes
@@ -115,9 +118,9 @@ def test_budget_is_kept_by_evicting_the_oldest_first(tmp_path, data):
 
 
 def test_a_shard_larger_than_the_budget_is_refused(tmp_path, data):
-    store = CacheStore(str(tmp_path / "cache"), budget_bytes=_size(data) // 2)
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=shard_bytes(data) // 2)
     with pytest.raises(BudgetError, match="budget"):
-        _publish(store, data, 0)
+        publish_copy(store, data, 0)
 
 
 def test_a_non_tar_download_is_never_published(tmp_path):
@@ -132,13 +135,13 @@ def test_a_non_tar_download_is_never_published(tmp_path):
 
 def test_recovery_removes_partials_and_invalid_shards_and_adopts_valid_ones(tmp_path, data):
     root = tmp_path / "cache"
-    store = CacheStore(str(root), budget_bytes=10 * _size(data))
+    store = CacheStore(str(root), budget_bytes=10 * shard_bytes(data))
     store.recover()
-    _publish(store, data, 0)
+    publish_copy(store, data, 0)
     (root / "shards" / ".partial" / "ids-0001.tar.123").write_bytes(b"half a shard")
     (root / "shards" / "ids-0002.tar").write_bytes((data / "ids-0002.tar").read_bytes())  # complete, unlisted
     (root / "shards" / "torn.tar").write_bytes((data / "ids-0003.tar").read_bytes()[:5000])  # torn, unlisted
-    r = CacheStore(str(root), budget_bytes=10 * _size(data)).recover()
+    r = CacheStore(str(root), budget_bytes=10 * shard_bytes(data)).recover()
     assert (r.partial_removed, r.adopted, r.removed_invalid) == (1, 1, 1)
     ids = [s.id for s in read_manifest(str(root)).shards]
     assert sorted(ids) == ["ids-0000", "ids-0002"]
@@ -147,34 +150,28 @@ def test_recovery_removes_partials_and_invalid_shards_and_adopts_valid_ones(tmp_
 
 def test_a_corrupt_manifest_is_rebuilt_from_the_shard_files(tmp_path, data):
     root = tmp_path / "cache"
-    store = CacheStore(str(root), budget_bytes=10 * _size(data))
+    store = CacheStore(str(root), budget_bytes=10 * shard_bytes(data))
     store.recover()
-    _publish(store, data, 0)
-    _publish(store, data, 1)
+    publish_copy(store, data, 0)
+    publish_copy(store, data, 1)
     (root / "manifest.json").write_text('{"generation": 4, "shards": [')
-    r = CacheStore(str(root), budget_bytes=10 * _size(data)).recover()
+    r = CacheStore(str(root), budget_bytes=10 * shard_bytes(data)).recover()
     assert r.manifest_rebuilt
     assert sorted(s.id for s in read_manifest(str(root)).shards) == ["ids-0000", "ids-0001"]
 
 
 def test_recovery_evicts_to_a_smaller_budget(tmp_path, data):
     root = tmp_path / "cache"
-    store = CacheStore(str(root), budget_bytes=10 * _size(data))
+    store = CacheStore(str(root), budget_bytes=10 * shard_bytes(data))
     store.recover()
     for k in range(4):
-        _publish(store, data, k)
-    r = CacheStore(str(root), budget_bytes=2 * _size(data) + 10).recover()
+        publish_copy(store, data, k)
+    r = CacheStore(str(root), budget_bytes=2 * shard_bytes(data) + 10).recover()
     assert r.evicted_over_budget == 2
     assert [s.id for s in read_manifest(str(root)).shards] == ["ids-0002", "ids-0003"]
 
 
 # -- fetching over real HTTP ---------------------------------------------------------------------------
-
-@pytest.fixture
-def remote(data):
-    with FileStore(str(data)) as store:
-        yield store
-
 
 def _fetch(remote, tmp_path, name="ids-0000", retries=2, timeout=5.0, sha="", size=None):
     fetcher = Fetcher(timeout, retries, threading.Event(), RateLimiter(0), backoff=0.01)
@@ -188,7 +185,7 @@ def _fetch(remote, tmp_path, name="ids-0000", retries=2, timeout=5.0, sha="", si
 
 def test_a_fetch_streams_the_whole_shard(remote, data, tmp_path):
     result, dest = _fetch(remote, tmp_path)
-    assert result.bytes == _size(data)
+    assert result.bytes == shard_bytes(data)
     assert open(dest, "rb").read() == (data / "ids-0000.tar").read_bytes()
 
 
@@ -230,16 +227,30 @@ def test_a_checksum_mismatch_is_detected(remote, data, tmp_path):
         _fetch(remote, tmp_path, sha="0" * 64, retries=0)
     assert err.value.reason == "checksum"
     good = hashlib.sha256((data / "ids-0000.tar").read_bytes()).hexdigest()
-    assert _fetch(remote, tmp_path, sha=good)[0].bytes == _size(data)
+    assert _fetch(remote, tmp_path, sha=good)[0].bytes == shard_bytes(data)
 
 
 def test_the_bandwidth_cap_slows_fetching(remote, data, tmp_path):
     import time
 
-    fetcher = Fetcher(5.0, 0, threading.Event(), RateLimiter(_size(data) * 2), backoff=0.01)
+    fetcher = Fetcher(5.0, 0, threading.Event(), RateLimiter(shard_bytes(data) * 2), backoff=0.01)
     t0 = time.monotonic()
     for k in range(4):
         fetcher.fetch(SourceShard(f"{remote.url}/ids-000{k}.tar", f"s{k}"), str(tmp_path / f"s{k}"), 1 << 30)
     fetcher.close_thread()
     assert time.monotonic() - t0 >= 1.0  # 4 shards at 2 shards/s, the first second's tokens spent first
     assert json.dumps(remote.requests)
+
+
+def test_recovery_sweeps_the_temporary_files_a_killed_writer_left(tmp_path, data):
+    root = tmp_path / "cache"
+    store = CacheStore(str(root), budget_bytes=10 * shard_bytes(data))
+    store.recover()
+    publish_copy(store, data, 0)
+    left = ["manifest.json.tmp.99", "shards/ids-0000.idx.tmp.99", "readers/0.json.tmp.99"]
+    for name in left:
+        (root / name).write_text("half")
+    r = CacheStore(str(root), budget_bytes=10 * shard_bytes(data)).recover()
+    assert r.temporaries_removed == 3
+    assert not any((root / name).exists() for name in left)
+    assert [s.id for s in read_manifest(str(root)).shards] == ["ids-0000"]

@@ -12,12 +12,13 @@ ID_SPEC = {"cls": "int64", "bin": ("uint8", (4096,))}
 
 
 @pytest.fixture
-def shards(tmp_path):
+def gpu_shards(tmp_path):
+    """4 shards of 64 samples with 4 KiB payloads: copies big enough to time."""
     return id_shards(str(tmp_path / "ids"), shards=4, per_shard=64, payload=4096)
 
 
-def test_batches_arrive_on_the_gpu_intact(shards):
-    with StagingLoader(shards, batch_size=16, workers=2, transfer_threads=2, spec=ID_SPEC, device="cuda") as loader:
+def test_batches_arrive_on_the_gpu_intact(gpu_shards):
+    with StagingLoader(gpu_shards, batch_size=16, workers=2, transfer_threads=2, spec=ID_SPEC, device="cuda") as loader:
         seen = []
         for batch in loader:
             assert batch["bin"].is_cuda and batch["cls"].is_cuda
@@ -27,15 +28,15 @@ def test_batches_arrive_on_the_gpu_intact(shards):
         assert sorted(seen) == list(range(4 * 64))
 
 
-def test_the_ring_is_page_locked_once(shards):
-    with StagingLoader(shards, batch_size=16, workers=2, spec=ID_SPEC, device="cuda") as loader:
+def test_the_ring_is_page_locked_once(gpu_shards):
+    with StagingLoader(gpu_shards, batch_size=16, workers=2, spec=ID_SPEC, device="cuda") as loader:
         ring = loader._pipeline.ring
         view = torch.from_numpy(ring.slot(0)["bin"])
         assert view.is_pinned()
 
 
-def test_copies_are_timed_and_the_stream_wait_is_measured(shards):
-    with StagingLoader(shards, batch_size=16, workers=2, spec=ID_SPEC, device="cuda") as loader:
+def test_copies_are_timed_and_the_stream_wait_is_measured(gpu_shards):
+    with StagingLoader(gpu_shards, batch_size=16, workers=2, spec=ID_SPEC, device="cuda") as loader:
         for _ in range(3):
             for batch in loader:
                 torch.cuda.current_stream().synchronize()
@@ -45,9 +46,9 @@ def test_copies_are_timed_and_the_stream_wait_is_measured(shards):
     assert s.h2d_wait_seconds_total >= 0.0
 
 
-def test_device_tensors_survive_the_next_batches(shards):
+def test_device_tensors_survive_the_next_batches(gpu_shards):
     """The caching allocator must not hand a batch's memory to a later copy while the loop holds it."""
-    with StagingLoader(shards, batch_size=16, workers=2, transfer_threads=2, spec=ID_SPEC, device="cuda") as loader:
+    with StagingLoader(gpu_shards, batch_size=16, workers=2, transfer_threads=2, spec=ID_SPEC, device="cuda") as loader:
         kept = [(b["cls"].clone(), b["bin"]) for b in loader]
         torch.cuda.synchronize()
         for cls, data in kept:

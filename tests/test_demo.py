@@ -6,10 +6,7 @@ import subprocess
 import sys
 import time
 
-from helpers import jpeg_bytes, write_tar
-from test_process import _descendants, _gone
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT, descendants, gone, jpeg_bytes, write_tar
 
 
 def _demo_data(tmp_path, shards=6, per_shard=30):
@@ -49,9 +46,9 @@ def test_ctrl_c_stops_the_demo_its_processes_and_removes_the_cache(tmp_path):
     while not (cache / "readers" / "0.json").exists():  # training has started
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
-    children = _descendants(proc.pid)
+    children = descendants(proc.pid)
     assert len(children) >= 4  # sampler, trainer and the trainer's workers
     os.killpg(proc.pid, signal.SIGINT)
     proc.communicate(timeout=60)
-    assert _gone(children)
+    assert gone(children)
     assert not cache.exists()

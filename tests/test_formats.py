@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import jpeg_bytes, write_tar
 
-from app.formats.decoders import DecodeError, Decoder, decode_npy
+from app.formats.decoders import DecodeError, Decoder, UnsafeMemberError, decode_npy
 from app.formats.shard_index import ShardError, build_index, load_index, write_index
 from app.formats.transforms import RandomResizedCrop
 
@@ -37,11 +37,10 @@ def _read(path):
 
 
 def test_pillow_in_use_is_pillow_simd_with_libjpeg_turbo():
-    import PIL
-    import PIL.features
+    from app.preflight import check_pillow_simd
 
-    assert PIL.__version__.endswith(".post0"), PIL.__version__
-    assert PIL.features.check_feature("libjpeg_turbo")
+    check = check_pillow_simd()
+    assert check.ok, check.detail
 
 
 def test_webdataset_gnu_tar_and_tarfile_shards_read_the_same(tmp_path):
@@ -121,9 +120,43 @@ def test_npy_with_python_objects_is_refused_never_unpickled():
         decode_npy(memoryview(buf.getvalue()))
 
 
-def test_pickle_members_stay_raw_bytes():
-    value = Decoder()("pyd", memoryview(b"\x80\x04K\x01."))
+@pytest.mark.parametrize("ext", ["pyd", "pickle", "pkl", "pth", "meta.pickle"])
+def test_pickle_members_are_refused_naming_the_safety_reason(ext):
+    with pytest.raises(UnsafeMemberError, match="runs code from the data"):
+        Decoder()(ext, memoryview(b"\x80\x04K\x01."))
+
+
+def test_without_decoding_every_member_is_raw_bytes_pickles_included():
+    value = Decoder(False)("pyd", memoryview(b"\x80\x04K\x01."))
     assert isinstance(value, np.ndarray) and value.dtype == np.uint8
+
+
+def test_webdataset_extension_names_decode_as_webdataset_decodes_them():
+    dec = Decoder()
+    assert dec("cls2", memoryview(b"3")) == dec("index", memoryview(b"3")) == dec("inx", memoryview(b"3")) == 3
+    assert dec("text", memoryview(b"hi")) == dec("transcript", memoryview(b"hi")) == "hi"
+    assert dec("jsn", memoryview(b"[1]")) == [1]
+    assert dec("seg.png", memoryview(_png())).size == (3, 2)  # a multi-dot extension decodes by its last part
+    assert dec("unknown", memoryview(b"\x00\x01")) == b"\x00\x01"
+
+
+def test_npz_members_decode_to_arrays_without_unpickling():
+    buf = io.BytesIO()
+    np.savez(buf, a=np.arange(3), b=np.ones((2, 2), np.float32))
+    out = Decoder()("npz", memoryview(buf.getvalue()))
+    assert set(out) == {"a", "b"} and out["b"].dtype == np.float32
+    buf = io.BytesIO()
+    np.savez(buf, o=np.array([{"x": 1}], dtype=object))
+    with pytest.raises(DecodeError, match="never unpickled"):
+        Decoder()("npz", memoryview(buf.getvalue()))
+
+
+def _png():
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (3, 2)).save(buf, format="PNG")
+    return buf.getvalue()
 
 
 def test_default_decoders_give_image_int_text_and_json():

@@ -1,5 +1,6 @@
 """The staging loader with real worker processes: order, coverage, faults, shutdown."""
 
+import logging
 import os
 import signal
 import time
@@ -9,21 +10,14 @@ import pytest
 import torch
 from helpers import children_of, id_samples, id_shards, jpeg_bytes, write_tar
 
-from app import StagingLoader
+from app import LoaderError, Rank, StagingLoader
 from app.formats.transforms import RandomResizedCrop
-from app.loader.plan import Rank
-from app.loader.pool import LoaderError
 
 ID_SPEC = {"cls": "int64", "bin": ("uint8", (64,))}
 
 
 def ids_of(loader):
     return [int(i) for b in loader for i in b["cls"]]
-
-
-@pytest.fixture
-def shards(tmp_path):
-    return id_shards(str(tmp_path / "ids"), shards=6, per_shard=37)
 
 
 # -- batches ----------------------------------------------------------------------------------
@@ -33,7 +27,7 @@ def test_batches_are_dicts_of_tensors_keyed_by_extension(tmp_path):
                                                   for i in range(20)])
     with StagingLoader(path, batch_size=8, workers=1) as loader:
         batch = next(iter(loader))
-    assert set(batch) == {"jpg", "cls"}
+    assert set(batch) == {"jpg", "cls", "__key__"}
     assert batch["jpg"].dtype == torch.uint8 and tuple(batch["jpg"].shape) == (8, 72, 96, 3)  # HWC
     assert batch["cls"].dtype == torch.int64
 
@@ -67,7 +61,7 @@ def test_variable_length_text_is_padded_with_a_lengths_field(tmp_path):
 def test_a_spec_can_rename_a_field(shards):
     spec = {"label": {"dtype": "int64", "source": "cls"}}
     with StagingLoader(shards, batch_size=5, workers=2, spec=spec) as loader:
-        assert set(next(iter(loader))) == {"label"}
+        assert set(next(iter(loader))) == {"label", "__key__"}
 
 
 def test_zero_copy_batches_are_views_into_the_ring(shards):
@@ -77,6 +71,37 @@ def test_zero_copy_batches_are_views_into_the_ring(shards):
             seen.extend(batch["cls"].tolist())  # valid until the next next()
         assert sorted(seen) == list(range(6 * 37))
 
+
+
+def test_a_zero_copy_batch_kept_past_the_next_batch_raises_on_use_instead_of_changing(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, zero_copy=True) as loader:
+        it = iter(loader)
+        kept = next(it)
+        names = [k for k, v in kept.items() if isinstance(v, torch.Tensor)]
+        for _ in range(4):  # more batches than the ring has slots: the kept one's slot is reused
+            next(it)
+        for name in names:
+            with pytest.raises(LoaderError, match="clone\\(\\) what you keep"):
+                kept[name].sum()
+            with pytest.raises(LoaderError):
+                torch.stack([kept[name], kept[name]])  # inside a list too
+        assert len(kept["__key__"]) == 8  # side fields are plain lists, never views of the ring
+
+
+def test_a_zero_copy_batch_held_past_the_loaders_close_raises_instead_of_reading_freed_memory(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, zero_copy=True) as loader:
+        it = iter(loader)
+        batch = next(it)
+    with pytest.raises(LoaderError, match="clone"):
+        batch["bin"].sum()  # the ring is unmapped: a plain view here would crash the process
+
+
+def test_a_zero_copy_batch_is_intact_until_the_next_batch_is_taken(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, zero_copy=True, shuffle=False) as loader:
+        for batch in loader:
+            time.sleep(0.01)  # the workers run ahead and fill every other slot meanwhile
+            for i, row in zip(batch["cls"].tolist(), batch["bin"]):
+                assert torch.all(row == i % 251)
 
 # -- coverage and order -----------------------------------------------------------------------
 
@@ -206,7 +231,7 @@ def test_killed_worker_is_replaced_and_no_sample_is_lost(shards):
         for i, batch in enumerate(loader):
             seen.extend(batch["cls"].tolist())
             if i == 3:
-                os.kill(loader._pipeline.pool._workers[1].process.pid, signal.SIGKILL)
+                os.kill(loader._pipeline.pool.worker_pids()[1], signal.SIGKILL)
         assert sorted(seen) == list(range(6 * 37))
         assert loader.stats().worker_restarts_total == 1
 
@@ -304,7 +329,7 @@ def test_stats_report_queues_samples_and_bytes(shards):
             time.sleep(0.01)
         s = loader.stats()
     assert s.samples_total == n == 6 * 37
-    assert s.bytes_total["decoded"] == n * (64 + 8)
+    assert s.bytes_total["decoded"] == n * (64 + 8 + len("s0000000"))  # bin, cls, and the key
     assert s.bytes_total["transferred"] == s.bytes_total["decoded"]
     assert s.queue_capacity["free"] == 6
     assert s.queue_depth["free"] == 6  # all slots back at the end of the epoch
@@ -350,3 +375,143 @@ def test_the_same_seed_gives_the_same_augmentations(tmp_path):
             runs.append([(b["jpg"].clone(), b["noise"].clone()) for b in loader])
     for (a_img, a_noise), (b_img, b_noise) in zip(*runs):
         assert torch.equal(a_img, b_img) and torch.equal(a_noise, b_noise)
+
+
+# -- stalled workers -----------------------------------------------------------------------------------
+
+class _HangOn:
+    """Hangs its worker forever on one sample, as a deadlocked decoder or a hung filesystem read would."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self, sample):
+        if int(sample["cls"]) == self.value:
+            time.sleep(3600)
+        return sample
+
+
+def test_a_stopped_worker_is_replaced_with_its_stack_logged_and_no_sample_lost(shards, caplog):
+    with caplog.at_level(logging.WARNING, logger="feedline.loader"):
+        with StagingLoader(shards, batch_size=4, workers=2, spec=ID_SPEC, transform=_Slow(0.01),
+                           worker_timeout=1.0) as loader:
+            seen = []
+            for i, batch in enumerate(loader):
+                seen.extend(batch["cls"].tolist())
+                if i == 3:
+                    os.kill(loader._pipeline.pool.worker_pids()[1], signal.SIGSTOP)
+            stats = loader.stats()
+    assert sorted(seen) == list(range(6 * 37))
+    assert stats.worker_restarts == {"crashed": 0, "stalled": 1}
+    logged = [r.getMessage() for r in caplog.records if "no progress for" in r.getMessage()]
+    assert len(logged) == 1
+    assert "worker 1 stalled" in logged[0]
+    assert "its stack:" in logged[0] and 'File "' in logged[0]  # faulthandler's dump of the worker
+
+
+def test_a_sample_that_hangs_its_worker_twice_is_skipped_and_counted_naming_shard_and_key(shards, caplog):
+    with caplog.at_level(logging.WARNING, logger="feedline.loader"):
+        with StagingLoader(shards, batch_size=4, workers=2, spec=ID_SPEC, transform=_HangOn(40),
+                           worker_timeout=1.0) as loader:
+            got = sorted(ids_of(loader))
+            stats = loader.stats()
+    assert got == [i for i in range(6 * 37) if i != 40]
+    assert stats.worker_restarts == {"crashed": 0, "stalled": 2}
+    assert stats.sample_errors_total["worker_crash"] == 1
+    logged = [r.getMessage() for r in caplog.records if "no progress for" in r.getMessage()]
+    assert len(logged) == 2 and all("ids-0001.tar sample 's0000040'" in m for m in logged)
+    assert all("in __call__" in m for m in logged)  # the stack shows where: the transform's time.sleep
+
+
+def test_a_slow_but_progressing_worker_is_not_taken_for_stalled(tmp_path):
+    few = id_shards(str(tmp_path / "few"), shards=2, per_shard=6)
+    with StagingLoader(few, batch_size=4, workers=1, spec=ID_SPEC, transform=_Slow(0.25),
+                       worker_timeout=0.5) as loader:  # every batch takes twice the timeout; every sample half
+        assert len(ids_of(loader)) == 12
+        assert loader.stats().worker_restarts_total == 0
+
+
+class _Counting:
+    """A transform that remembers being called, as one that loads a model on first use would."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, sample):
+        self.calls += 1
+        return sample
+
+
+def test_building_a_loader_never_calls_the_users_transform_nor_moves_its_random_streams(shards):
+    import random
+
+    transform = _Counting()
+    random.seed(5)
+    np.random.seed(5)
+    expected = (random.random(), np.random.random())
+    random.seed(5)
+    np.random.seed(5)
+    with StagingLoader(shards, batch_size=8, workers=1, spec=ID_SPEC, transform=transform) as loader:
+        assert (random.random(), np.random.random()) == expected
+        assert len(ids_of(loader)) == 6 * 37
+    assert transform.calls == 0  # the probe and the workers ran copies
+
+
+class _WithTable:
+    """A transform that carries a large lookup table to every worker."""
+
+    def __init__(self):
+        self.table = np.arange(2_000_000, dtype=np.int64)  # 16 MB pickled
+
+    def __call__(self, sample):
+        sample["cls"] = int(self.table[int(sample["cls"])])
+        return sample
+
+
+def test_a_transform_of_many_megabytes_reaches_every_worker(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, transform=_WithTable()) as loader:
+        assert sorted(ids_of(loader)) == list(range(6 * 37))
+
+
+# -- copy mode's recycled buffers ------------------------------------------------------------------
+
+def _pool():
+    from app.loader.buffers import BufferPool
+
+    return BufferPool({"x": ((4, 3), torch.float32)}, keep=4)
+
+
+def test_a_copy_buffer_is_reused_once_the_batch_is_let_go():
+    pool = _pool()
+    first = pool.copy({"x": torch.ones(4, 3)})
+    ptr = first["x"].data_ptr()
+    del first
+    again = pool.copy({"x": torch.full((2, 3), 2.0)})  # a short last batch: a view of the same buffer
+    assert again["x"].data_ptr() == ptr and again["x"].shape == (2, 3) and pool.allocated == 1
+
+
+def test_a_copy_buffer_still_seen_through_a_view_is_not_reused():
+    pool = _pool()
+    first = pool.copy({"x": torch.ones(4, 3)})
+    row = first["x"][1]
+    del first
+    pool.copy({"x": torch.full((4, 3), 2.0)})
+    assert torch.equal(row, torch.ones(3)) and pool.allocated == 2
+
+
+def test_a_copy_buffer_saved_by_autograd_for_backward_is_not_reused():
+    pool = _pool()
+    w = torch.ones(3, requires_grad=True)
+    loss = (pool.copy({"x": torch.full((4, 3), 3.0)})["x"] * w).sum()  # mul saves x for w's gradient
+    pool.copy({"x": torch.zeros(4, 3)})
+    loss.backward()
+    assert torch.equal(w.grad, torch.full((3,), 12.0)) and pool.allocated == 2
+
+
+def test_copy_mode_batches_kept_by_the_loop_never_change(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC) as loader:
+        kept = [b for _ in range(2) for b in loader]  # every batch of two epochs, no clone
+    for batch in kept:  # the keys travel beside the ring, as lists: a changed tensor shows
+        assert batch["cls"].tolist() == [int(k[1:]) for k in batch["__key__"]]
+        for i, row in zip(batch["cls"].tolist(), batch["bin"]):
+            assert torch.all(row == i % 251)

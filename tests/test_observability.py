@@ -1,7 +1,6 @@
 """Metrics, rules and the dashboard, proven against promtool and a real Prometheus."""
 
 import json
-import logging
 import os
 import re
 import socket
@@ -13,20 +12,18 @@ import urllib.request
 
 import pytest
 import yaml
-from helpers import id_shards, jpeg_bytes, write_tar
-from prometheus_client import CollectorRegistry, generate_latest
-from test_sidecar import Sampler
+from helpers import ROOT, Sampler, id_shards, jpeg_bytes, wait_for, write_tar
+from prometheus_client import generate_latest
 
 from app import StagingLoader
-from app.loader.stats import LoaderStats
+from app.demo.procs import free_port
+from app.demo.prometheus import PrometheusServer
+from app.demo.store import FileStore
 from app.metrics import dashboard
+from app.metrics.catalog import LOADER, SAMPLER
 from app.metrics.exporter import MetricsPortError
-from app.metrics.loader_metrics import LoaderCollector
-from app.metrics.prometheus import PrometheusServer, free_port
-from app.metrics.sampler_metrics import SamplerMetrics
-from app.sampler.http_store import FileStore
+from app.metrics.sink import PrometheusSink
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROM = os.path.join(ROOT, "deploy", "prometheus")
 ALLOWED_LABELS = {"queue", "state", "stage", "reason", "kind", "version", "rank", "le"}
 
@@ -36,10 +33,9 @@ def promtool(*args, stdin=None):
 
 
 def exported_text():
-    """The exposition of both processes' metrics, from their real collectors."""
-    loader = CollectorRegistry()
-    loader.register(LoaderCollector(lambda: LoaderStats()))
-    return generate_latest(loader).decode(), generate_latest(SamplerMetrics().registry).decode()
+    """The exposition of both processes' metrics, from their real sinks, before anything was pushed."""
+    return (generate_latest(PrometheusSink(LOADER).registry).decode(),
+            generate_latest(PrometheusSink(SAMPLER).registry).decode())
 
 
 def family_names(text):
@@ -65,6 +61,26 @@ def substitute(expr, rate="15s"):
 def test_promtool_accepts_the_prometheus_config():
     out = promtool("check", "config", "prometheus.yml")
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_shipped_prometheus_has_no_dcgm_target_while_dcgm_exporter_is_not_running():
+    # the compose file's Prometheus config as shipped; no host here is called dcgm-exporter (nor trainer/sampler)
+    with PrometheusServer({}, config_path=os.path.join(PROM, "prometheus.yml")) as prom:
+        prom.wait_until_ready()
+        assert "dcgm" in prom.api("status/config")["yaml"]
+
+        def own(metric):  # Prometheus's own /metrics: how many DNS lookups its discovery made
+            with urllib.request.urlopen(f"{prom.url}/metrics", timeout=5) as r:
+                return sum(float(line.split()[-1]) for line in r.read().decode().splitlines()
+                           if line.startswith(metric))
+
+        def targets():
+            return prom.api("targets")["activeTargets"]
+
+        # discovery has looked dcgm-exporter up, and the static targets have reached the scrape manager
+        assert wait_for(lambda: own("prometheus_sd_dns_lookups_total") >= 1 and len(targets()) >= 2, timeout=40)
+        assert {t["labels"]["job"] for t in targets()} == {"feedline"}
+        assert prom.query('up{job="dcgm"}') == []
 
 
 def test_promtool_accepts_the_rules():
@@ -113,22 +129,30 @@ def test_labels_are_of_low_cardinality_only():
 
 
 def test_a_rank_label_appears_only_where_torchrun_gives_a_rank():
-    registry = CollectorRegistry()
-    registry.register(LoaderCollector(lambda: LoaderStats(), rank=3))
-    text = generate_latest(registry).decode()
+    text = generate_latest(PrometheusSink(LOADER, {"rank": "3"}).registry).decode()
     assert 'feedline_samples_total{rank="3"}' in text
     assert 'rank="' not in exported_text()[0]
 
 
-def test_an_exporter_that_cannot_read_stats_logs_once_and_never_raises(caplog):
-    def broken():
-        raise RuntimeError("stats are gone")
+def test_a_metric_name_outside_the_catalog_is_a_bug_not_a_new_series():
+    sink = PrometheusSink(LOADER)
+    with pytest.raises(KeyError):
+        sink.inc("samples_totl")
 
-    collector = LoaderCollector(broken)
-    with caplog.at_level(logging.WARNING, logger="feedline.metrics"):
-        assert list(collector.collect()) == []
-        assert list(collector.collect()) == []
-    assert len([r for r in caplog.records if "stats are gone" in r.getMessage()]) == 1
+
+def test_the_loader_pushes_its_stats_to_the_sink_it_is_given(tmp_path):
+    shards = id_shards(str(tmp_path / "ids"), shards=2, per_shard=20)
+    sink = PrometheusSink(LOADER)
+    from app.loader.loader import StagingLoader as LibraryLoader
+
+    with LibraryLoader(shards, batch_size=8, workers=2, sink=sink) as loader:
+        for _ in loader:
+            pass
+        stats = loader.stats()
+    assert sink.value("samples_total") == stats.samples_total == 40
+    assert sink.value("bytes_total", stage="decoded") == stats.bytes_total["decoded"]
+    assert sink.value("data_wait_seconds_total") == pytest.approx(stats.data_wait_seconds_total)
+    assert sink.value("loader_epoch") == 0
 
 
 def test_the_trainer_serves_metrics_health_and_readiness(tmp_path):
@@ -136,7 +160,7 @@ def test_the_trainer_serves_metrics_health_and_readiness(tmp_path):
     with StagingLoader(shards, batch_size=8, workers=2, metrics_port=0) as loader:
         for _ in loader:
             pass
-        port = loader._pipeline.metrics.port
+        port = loader.metrics.port
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
             text = r.read().decode()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz") as r:

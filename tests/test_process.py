@@ -2,18 +2,24 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
-from helpers import id_shards, jpeg_bytes, shm_entries, write_tar
+from helpers import (
+    ROOT,
+    descendants,
+    gone,
+    id_shards,
+    jpeg_bytes,
+    shm_entries,
+    write_tar,
+)
 
 from app.config import Config, ConfigError, parse_size
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TRAINING_LOOP = textwrap.dedent("""
     import sys, time
@@ -28,25 +34,6 @@ TRAINING_LOOP = textwrap.dedent("""
 """)
 
 
-def _descendants(pid):
-    """Every process below ``pid`` (via /proc), to prove none outlives the trainer."""
-    parents = {}
-    for e in os.listdir("/proc"):
-        if e.isdigit():
-            try:
-                with open(f"/proc/{e}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if fields[0] != "Z":
-                    parents[int(e)] = int(fields[1])
-            except OSError:
-                pass
-    out, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - out
-        out |= frontier
-    return out
-
-
 def _start_trainer(tmp_path):
     shards = id_shards(str(tmp_path / "ids"), shards=4, per_shard=50)
     script = tmp_path / "loop.py"
@@ -56,26 +43,9 @@ def _start_trainer(tmp_path):
                             start_new_session=True)
     for _ in range(3):  # wait until it is training
         assert proc.stdout.readline().strip() == "step"
-    workers = _descendants(proc.pid)
+    workers = descendants(proc.pid)
     assert len(workers) >= 2
     return proc, workers
-
-
-def _gone(pids, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(os.path.exists(f"/proc/{p}") and _alive(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_ctrl_c_in_the_training_loop_stops_every_process_and_frees_shared_memory(tmp_path):
@@ -84,7 +54,7 @@ def test_ctrl_c_in_the_training_loop_stops_every_process_and_frees_shared_memory
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
     proc.communicate(timeout=30)
     assert proc.returncode != 0
-    assert _gone(workers)
+    assert gone(workers)
     assert shm_entries() == before
 
 
@@ -92,7 +62,7 @@ def test_sigkill_of_the_trainer_takes_its_workers_with_it(tmp_path):
     proc, workers = _start_trainer(tmp_path)
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
-    assert _gone(workers)
+    assert gone(workers)
 
 
 def test_demo_training_job_runs_and_writes_its_summary(tmp_path):
@@ -121,7 +91,7 @@ def test_cli_refuses_a_bad_setting_naming_it(tmp_path):
 
 
 def test_settings_come_from_defaults_then_environment_then_flags():
-    assert Config.load({}, env={}).workers == 2
+    assert Config.load({}, env={}).workers == "auto"
     assert Config.load({}, env={"FEEDLINE_WORKERS": "3"}).workers == 3
     assert Config.load({"workers": "4"}, env={"FEEDLINE_WORKERS": "3"}).workers == 4
 
@@ -147,3 +117,43 @@ def test_sizes_accept_bytes_and_units():
     assert parse_size("1.5GB") == 1_500_000_000
     with pytest.raises(ValueError):
         parse_size("lots")
+
+
+# -- the face speaks one language -------------------------------------------------------------------
+
+def _train(*args):
+    return subprocess.run([sys.executable, "-m", "app.cli", "train", "--progress", "false", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--shards", "/nonexistent/*.tar"], "shards (--shards / FEEDLINE_SHARDS): nothing matches"),
+    (["--workers", "8"], "workers (--workers / FEEDLINE_WORKERS): 8 but rank 0 of 1 gets only 3"),
+    (["--device", "cuda"], "device (--device / FEEDLINE_DEVICE)"),
+])
+def test_a_refused_setting_is_one_line_with_exit_code_2_and_no_traceback(tmp_path, args, named):
+    import torch
+
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    shards = id_shards(str(tmp_path / "ids"), shards=3, per_shard=4)
+    data = ["--shards", os.path.join(os.path.dirname(shards[0]), "*.tar")] if "--shards" not in args else []
+    out = _train(*data, *args)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    errors = [line for line in out.stderr.splitlines() if "configuration error" in line]
+    assert len(errors) == 1 and named in errors[0], out.stderr
+
+
+def _flags(command):
+    out = subprocess.run([sys.executable, "-m", "app.cli", command, "--help"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60)
+    return set(re.findall(r"--[a-z][a-z-]+", out.stdout))
+
+
+def test_each_subcommand_shows_only_its_own_flags():
+    sample, train = _flags("sample"), _flags("train")
+    assert {"--source", "--budget", "--fetch-threads", "--cache", "--metrics-port"} <= sample
+    assert not {"--batch-size", "--workers", "--epochs", "--shards", "--zero-copy"} & sample
+    assert {"--shards", "--cache", "--batch-size", "--workers", "--epochs", "--worker-timeout"} <= train
+    assert not {"--source", "--budget", "--fetch-threads", "--policy"} & train

@@ -1,123 +1,34 @@
 """The sampler sidecar as a real process, a real HTTP store, and the loader reading its cache."""
 
+import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import pytest
 import torch
-from helpers import id_shards
+from helpers import (
+    N_SHARDS,
+    ROOT,
+    Sampler,
+    manifest_ids,
+    publish_copy,
+    shard_bytes,
+    wait_for,
+)
 
 from app import StagingLoader
 from app.cache.manifest import read_manifest, shard_path
+from app.cache.store import CacheStore
+from app.demo.procs import free_port
+from app.demo.store import Fault, FileStore
 from app.formats.shard_index import build_index
-from app.sampler.http_store import Fault, FileStore
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = {"cls": "int64", "bin": ("uint8", (2048,))}
-N_SHARDS = 10
-
-
-@pytest.fixture
-def data(tmp_path):
-    d = tmp_path / "remote"
-    id_shards(str(d), shards=N_SHARDS, per_shard=20, payload=2048)
-    return d
-
-
-@pytest.fixture
-def remote(data):
-    with FileStore(str(data)) as store:
-        yield store
-
-
-@pytest.fixture
-def cache(tmp_path):
-    d = tmp_path / "cache"
-    yield str(d)
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def shard_bytes(data):
-    return os.path.getsize(data / "ids-0000.tar")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Sampler:
-    """`feedline sample` in its own process."""
-
-    def __init__(self, remote, cache, *args, port=None):
-        self.port = port or free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "sample", "--source", f"{remote.url}/ids-{{0000..{N_SHARDS - 1:04d}}}.tar",
-             "--cache", cache, "--metrics-port", str(self.port), "--progress", "false", "--retries", "1", *args],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def get(self, path):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-        except OSError:
-            return None, ""
-
-    def wait_ready(self, timeout=20):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.proc.stdout.read()
-            if self.get("/readyz")[0] == 200:
-                return
-            time.sleep(0.05)
-        raise AssertionError("the sampler never became ready")
-
-    def exit_output(self, timeout=30):
-        """Its output once it exits by itself (a refusal at start-up)."""
-        out, _ = self.proc.communicate(timeout=timeout)
-        return out
-
-    def stop(self, sig=signal.SIGTERM, timeout=10):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        out, _ = self.proc.communicate(timeout=timeout)
-        return out
-
-
-@pytest.fixture
-def samplers():
-    started = []
-    yield started
-    for s in started:
-        if s.proc.poll() is None:
-            s.proc.kill()
-            s.proc.communicate()
-
-
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def manifest_ids(cache):
-    try:
-        return [s.id for s in read_manifest(cache).shards]
-    except (FileNotFoundError, ValueError):
-        return []
 
 
 # -- growth and replacement -------------------------------------------------------------------------
@@ -204,20 +115,17 @@ def test_budget_is_never_exceeded_and_the_loader_never_reads_a_torn_shard(remote
 
 def published(cache, data, count):
     """A cache holding the first ``count`` shards, published as the sampler does."""
-    from app.cache.store import CacheStore
-
     store = CacheStore(cache, budget_bytes=10 * shard_bytes(data))
     store.recover()
     for k in range(count):
-        partial = store.partial_path(f"ids-{k:04d}")
-        shutil.copyfile(data / f"ids-{k:04d}.tar", partial)
-        store.publish(f"ids-{k:04d}", partial)
+        publish_copy(store, data, k)
     return store
 
 
-def test_a_shard_evicted_before_it_was_opened_is_skipped_and_counted(cache, data):
+def test_a_shard_evicted_before_it_was_opened_is_skipped_and_counted_never_a_crash(cache, data):
     published(cache, data, 3)
-    with StagingLoader(cache=cache, batch_size=8, workers=1, spec=SPEC) as loader:
+    # no bad sample allowed, yet an eviction is no bad sample: it is counted, outside the failure budget
+    with StagingLoader(cache=cache, batch_size=8, workers=1, spec=SPEC, max_sample_errors=0.0) as loader:
         os.unlink(shard_path(cache, "ids-0001"))  # still listed in the manifest, gone before a worker opens it
         n = sum(len(b["cls"]) for b in loader)
         assert n == 40
@@ -252,8 +160,6 @@ def test_the_loader_reports_its_epoch_for_the_sampler(remote, cache, samplers, d
         for _ in range(2):
             for _ in loader:
                 pass
-    import json
-
     state = json.loads(open(os.path.join(cache, "readers", "0.json")).read())
     assert state["epoch"] == 1 and state["rank"] == 0 and state["generation"] >= 1
 
@@ -357,3 +263,108 @@ def test_health_and_readiness_endpoints(remote, cache, samplers, data):
     s.wait_ready()
     status, body = s.get("/readyz")
     assert status == 200 and "3 shards" in body
+
+
+# -- a library part on its own ---------------------------------------------------------------------------
+
+def test_the_sidecar_runs_from_its_settings_alone_and_pushes_stats_to_its_sink(remote, cache, data):
+    from app.metrics.catalog import SAMPLER
+    from app.metrics.sink import PrometheusSink
+    from app.sampler.settings import SidecarSettings
+    from app.sampler.sidecar import Sidecar
+
+    sink = PrometheusSink(SAMPLER)
+    settings = SidecarSettings(source=f"{remote.url}/ids-{{0000..{N_SHARDS - 1:04d}}}.tar", cache=cache,
+                               budget=20 * shard_bytes(data), initial_shards=3, min_shards=3)
+    sidecar = Sidecar(settings, sink)
+    runner = threading.Thread(target=sidecar.run)
+    runner.start()
+    try:
+        assert wait_for(lambda: sidecar.ready()[0])
+    finally:
+        sidecar.stop()
+        runner.join(10)
+    assert not runner.is_alive()
+    assert len(manifest_ids(cache)) == 3
+    assert sink.value("fetch_bytes_total") == 3 * shard_bytes(data)
+    assert sink.value("cache_shards") == 3
+
+
+@pytest.mark.parametrize("change, setting", [
+    ({"budget": 0}, "budget"), ({"policy": "hoard"}, "policy"), ({"fetch_threads": 0}, "fetch_threads"),
+    ({"partition_index": 2, "partition_count": 2}, "partition_index"), ({"source": " "}, "source"),
+])
+def test_sidecar_settings_refuse_what_cannot_work_naming_the_setting(change, setting):
+    from app.errors import SettingError
+    from app.sampler.settings import SidecarSettings
+
+    with pytest.raises(SettingError) as err:
+        SidecarSettings(**{"source": "http://store/s-{0..3}.tar", **change})
+    assert err.value.setting == setting
+
+
+def test_compressed_and_presigned_shards_are_fetched_and_published_as_plain_tars(tmp_path, cache, samplers):
+    from helpers import wds_shards
+
+    from app.formats.transforms import RandomResizedCrop
+
+    wds_shards(str(tmp_path / "gz"), suffix="tar.gz")
+    with FileStore(str(tmp_path / "gz")) as store:
+        source = (f"{store.url}/shard-{{000000..000002}}.tar.gz::"
+                  f"{store.url}/shard-000003.tar.gz?X-Amz-Signature=0f3c&X-Amz-Expires=600")
+        s = Sampler(store, cache, "--policy", "fill", "--budget", "64MiB", "--min-shards", "4", source=source)
+        samplers.append(s)
+        s.wait_ready()
+        assert sorted(manifest_ids(cache)) == [f"shard-{k:06d}" for k in range(4)]
+        assert all(os.path.getsize(shard_path(cache, i)) % 512 == 0 for i in manifest_ids(cache))  # plain tars
+        assert read_manifest(cache).total_bytes == sum(os.path.getsize(shard_path(cache, i))
+                                                       for i in manifest_ids(cache))  # budget counts plain bytes
+        with StagingLoader(cache=cache, batch_size=8, workers=2, min_shards=4,
+                           transform=RandomResizedCrop(32, fields=["jpg"])) as loader:
+            keys = sorted(k for b in loader for k in b["__key__"])
+        s.stop()
+    assert keys == [f"{i:06d}" for i in range(48)]
+
+
+def test_a_shard_that_decompresses_beyond_the_budget_is_stopped_and_counted(tmp_path, cache, samplers):
+    import gzip
+
+    from helpers import write_tar
+
+    (tmp_path / "bomb").mkdir()
+    tar = write_tar(str(tmp_path / "plain.tar"), [("k0", {"bin": bytes(4 << 20)})])  # 4 MiB of zeros
+    (tmp_path / "bomb" / "b-0.tar.gz").write_bytes(gzip.compress(open(tar, "rb").read()))
+    with FileStore(str(tmp_path / "bomb")) as store:
+        s = Sampler(store, cache, "--policy", "fill", "--budget", "2MiB", source=f"{store.url}/b-{{0..0}}.tar.gz")
+        samplers.append(s)
+        assert wait_for(lambda: 'feedline_fetch_errors_total{reason="too_large"} 1.0' in s.get("/metrics")[1])
+        partial = os.path.join(cache, "shards", ".partial")
+        assert manifest_ids(cache) == [] and os.listdir(partial) == []
+        s.stop()
+
+
+def test_a_restarted_sidecar_goes_on_with_the_same_growth_plan(remote, cache, samplers, data):
+    from app.cache.readers import write_reader
+    from app.sampler.policy import shard_plan
+    from app.sampler.sources import list_shards
+
+    source = f"{remote.url}/ids-{{0000..{N_SHARDS - 1:04d}}}.tar"
+    plan = shard_plan(list_shards(source), seed=0)
+    expected = [next(plan).id for _ in range(5)]
+    args = ("--initial-shards", "3", "--grow-shards", "2", "--min-shards", "3", "--budget",
+            str(20 * shard_bytes(data)))
+    first = Sampler(remote, cache, *args)
+    samplers.append(first)
+    first.wait_ready()
+    assert sorted(manifest_ids(cache)) == sorted(expected[:3])
+    generation = read_manifest(cache).generation
+    first.proc.kill()  # preempted
+    first.proc.communicate()
+    again = Sampler(remote, cache, *args)
+    samplers.append(again)
+    again.wait_ready()
+    write_reader(cache, 0, 0, generation, 3)  # the trainer starts its epoch: the cache grows by 2
+    assert wait_for(lambda: len(manifest_ids(cache)) == 5)
+    assert sorted(manifest_ids(cache)) == sorted(expected)  # the seeded plan, not a new draw
+    assert read_manifest(cache).generation > generation
+    again.stop()

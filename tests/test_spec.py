@@ -7,17 +7,37 @@ from app.loader.ring import BatchRing, RingLayout
 from app.loader.spec import Field, SampleRejected, Spec, fill
 
 
-def test_spec_is_inferred_from_the_first_sample():
-    spec = Spec.infer({"__key__": "k", "cls": 3, "npy": np.zeros((2, 3), np.float32), "txt": "hi"})
+def test_spec_is_inferred_from_a_sample():
+    spec = Spec.infer({"__key__": "k", "cls": 3, "npy": np.zeros((2, 3), np.float32), "txt": "hi",
+                       "json": {"a": [1, 2]}, "xyz": b"raw"})
     by_name = {f.name: f for f in spec.fields}
-    assert set(by_name) == {"cls", "npy", "txt"}
+    assert set(by_name) == {"cls", "npy", "txt", "json", "xyz"}
     assert by_name["npy"].shape == (2, 3) and np.dtype(by_name["npy"].dtype) == np.float32
-    assert by_name["txt"].variable and by_name["txt"].shape[0] >= 64
+    assert (by_name["txt"].dtype, by_name["json"].dtype, by_name["xyz"].dtype) == ("text", "json", "bytes")
+    assert spec.side_fields == (by_name["json"], by_name["txt"], by_name["xyz"])
 
 
-def test_a_value_that_cannot_be_a_tensor_needs_a_spec():
-    with pytest.raises(ValueError, match="json"):
-        Spec.infer({"json": {"a": 1}})
+def test_a_json_member_is_json_whatever_value_it_holds():
+    assert Spec.infer([{"meta.json": 3}, {"meta.json": 4}]).fields[0].dtype == "json"
+
+
+def test_a_value_that_cannot_be_a_tensor_or_json_needs_a_spec():
+    with pytest.raises(ValueError, match="'obj'"):
+        Spec.infer({"obj": object()})
+
+
+def test_lengths_that_vary_across_samples_make_a_variable_field_with_headroom():
+    f = Spec.infer([{"bin": np.zeros(n, np.uint8)} for n in (100, 300, 200)]).fields[0]
+    assert f.variable and f.shape == (512,)  # 1.25 x 300, to a power of two
+    assert Spec.infer([{"bin": np.zeros(n, np.uint8)} for n in (100, 300)], {"bin": 1000}).fields[0].shape == (2048,)
+
+
+def test_images_of_different_sizes_are_refused_with_the_fix_named():
+    from PIL import Image
+
+    samples = [{"jpg": Image.new("RGB", size)} for size in ((50, 40), (40, 50))]
+    with pytest.raises(ValueError, match="RandomResizedCrop"):
+        Spec.infer(samples)
 
 
 def test_raw_bytes_fill_a_field_of_the_same_size_as_its_dtype():
@@ -58,6 +78,6 @@ def test_the_ring_lays_fields_out_per_slot_without_overlap():
                 arr[...] = s + 1
         for s in range(3):
             assert all(int(arr.min()) == s + 1 for arr in ring.slot(s).values())
-        assert set(ring.slot(0)) == {"jpg", "cls", "txt", "txt_len"}
+        assert set(ring.slot(0)) == {"jpg", "cls", "txt", "txt_len", "__side_len", "__side"}
     finally:
         ring.close()

@@ -61,7 +61,25 @@ class Convert:
 
         img = s["jpg"] if not isinstance(s["jpg"], bytes) else Image.open(io.BytesIO(s["jpg"]))
         img = self.rrc.crop(img.convert("RGB"))
-        return {"jpg": torch.from_numpy(np.asarray(img).copy()), "cls": int(s["cls"])}
+        out = {"jpg": torch.from_numpy(np.asarray(img).copy()), "cls": int(s["cls"])}
+        if self.workload == "captioned":  # webdataset decoded them already; a hand-written dataset decodes here
+            out["txt"] = s["txt"] if isinstance(s["txt"], str) else s["txt"].decode("utf-8")
+            out["json"] = s["json"] if isinstance(s["json"], dict) else json.loads(s["json"])
+        return out
+
+
+def collate_mixed(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack tensors and ints; keep strings and JSON values as lists (what users write for captions)."""
+    out: dict[str, Any] = {}
+    for k in samples[0]:
+        values = [s[k] for s in samples]
+        if isinstance(values[0], torch.Tensor):
+            out[k] = torch.stack(values)
+        elif isinstance(values[0], int):
+            out[k] = torch.tensor(values)
+        else:
+            out[k] = values
+    return out
 
 
 class TarShards(torch.utils.data.IterableDataset):
@@ -82,6 +100,7 @@ class TarShards(torch.utils.data.IterableDataset):
 def _dataloader(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
     ds = TarShards(shards, Convert(args.workload, args.image_size))
     return torch.utils.data.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers,
+                                       collate_fn=collate_mixed if args.workload == "captioned" else None,
                                        pin_memory=torch.cuda.is_available(), persistent_workers=True,
                                        prefetch_factor=4, multiprocessing_context="spawn")
 
@@ -91,7 +110,7 @@ def _webdataset(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[st
 
     convert = Convert(args.workload, args.image_size)
     ds = wds.WebDataset(shards, shardshuffle=False, nodesplitter=wds.split_by_node, empty_check=False)
-    if args.workload == "jpeg":
+    if args.workload != "raw":
         ds = ds.decode("pil")
     ds = ds.map(convert).batched(args.batch_size, partial=True)
 
@@ -100,14 +119,17 @@ def _webdataset(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[st
 
 
 def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
-    from ..loader.loader import StagingLoader
+    from ..api import StagingLoader
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.workload == "raw":
-        spec = {"bin": ("uint8", (args.sample_bytes,)), "cls": "int64"}
+        spec: dict[str, Any] | None = {"bin": ("uint8", (args.sample_bytes,)), "cls": "int64"}
         transform = None
-    else:
+    elif args.workload == "jpeg":
         spec = {"jpg": ("uint8", (args.image_size, args.image_size, 3)), "cls": "int64"}
+        transform = RandomResizedCrop(args.image_size, fields=["jpg"])
+    else:  # captioned: no spec, as a user would start; txt and json are inferred and travel beside the slot
+        spec = None
         transform = RandomResizedCrop(args.image_size, fields=["jpg"])
     source: dict[str, Any] = {"cache": args.cache, "min_shards": args.workers} if args.cache else {"shards": shards}
     return StagingLoader(**source, batch_size=args.batch_size, workers=args.workers,
@@ -198,7 +220,7 @@ def single_core_rate(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("loader", choices=("feedline", "dataloader", "webdataset", "single-core"))
-    p.add_argument("--workload", choices=("raw", "jpeg"), required=True)
+    p.add_argument("--workload", choices=("raw", "jpeg", "captioned"), required=True)
     p.add_argument("--shards", required=True, help="a glob")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--transfer-threads", type=int, default=1)

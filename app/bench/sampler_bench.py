@@ -1,40 +1,37 @@
-"""The sampler's benchmark: fill rate from a loopback HTTP store (against curl), and training
-throughput while the sidecar fills the cache (against a pre-filled cache)."""
+"""The sampler's benchmark: fill rate from a loopback HTTP store (against curl and urllib) and from a
+local S3 server (against boto3's own parallel download), and training throughput while the sidecar
+fills the cache (against a pre-filled cache)."""
 
 from __future__ import annotations
 
 import glob
 import os
-import signal
+import shutil
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..cache.manifest import read_manifest
-from ..metrics.prometheus import free_port
+from ..demo.procs import free_port, stop_process
 
 
 class _Proc:
     """A feedline subprocess, stopped with SIGTERM (then SIGKILL) on exit."""
 
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, env: dict[str, str] | None = None):
         self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
+                                     stderr=subprocess.DEVNULL, text=True,
+                                     env={**os.environ, **env} if env else None)
 
     def __enter__(self) -> "_Proc":
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, " ".join(self.proc.args[3:5]), timeout=15)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
@@ -75,52 +72,144 @@ def _pattern(url: str, shards: list[str]) -> str:
     return f"{url}/{prefix}-{{{first.rsplit('-', 1)[1]}..{last.rsplit('-', 1)[1]}}}.tar"
 
 
-def _sampler(url: str, cache: str, budget: int, port: int, *extra: str) -> _Proc:
+def _sampler(url: str, cache: str, budget: int, port: int, *extra: str, env: dict[str, str] | None = None) -> _Proc:
     return _Proc("sample", "--source", url, "--cache", cache, "--budget", str(budget), "--policy", "fill",
-                 "--metrics-port", str(port), "--progress", "false", "--log-level", "WARNING", *extra)
+                 "--metrics-port", str(port), "--progress", "false", "--log-level", "WARNING", *extra, env=env)
 
 
-def fill_rate(src: str, shm_root: str, threads: int = 4) -> dict[str, Any]:
-    """Seconds to fill an empty cache with every shard of ``src`` (from the sidecar's start of work)."""
+def in_memory(src: str, shm_root: str) -> str:
+    """The shards copied into /dev/shm: the store serves them from memory, so the run measures the
+    network path and the cache writes, not the disk (whose page cache this machine drops at will)."""
+    dst = os.path.join(shm_root, "store")
+    if not os.path.isdir(dst):
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.idx", "complete"))
+    return dst
+
+
+def _plain_http(url: str, names: list[str], out: str, threads: int) -> None:
+    """The standard library's plain parallel download: urllib, one file per thread at a time."""
+    def one(name: str) -> None:
+        with urllib.request.urlopen(f"{url}/{name}", timeout=60) as r, open(os.path.join(out, name), "wb") as f:
+            shutil.copyfileobj(r, f, 1 << 20)
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, names))
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.monotonic()
+    fn()
+    return time.monotonic() - t0
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def _sidecar_fill(source: str, cache: str, budget: int, count: int, threads: int,
+                  env: dict[str, str] | None = None) -> float:
+    """Seconds from the sidecar's start of work (/healthz answers) to ``count`` shards cached."""
+    port = free_port()
+    with _sampler(source, cache, budget, port, "--fetch-threads", str(threads), env=env):
+        t_up = _until(lambda: _up(port), 60, "the sampler to start")
+        t_all = _until(lambda: _cached(cache) == count, 300, "the cache to fill")
+    shutil.rmtree(cache)
+    return t_all - t_up
+
+
+def fill_rate(src: str, shm_root: str, threads: int = 4, reps: int = 3) -> dict[str, Any]:
+    """The sidecar filling an empty cache from a loopback HTTP store, against curl and urllib fetching the
+    same files with as many parallel transfers; medians of ``reps`` interleaved runs."""
+    src = in_memory(src, shm_root)
     shards = sorted(glob.glob(os.path.join(src, "*.tar")))
+    names = [os.path.basename(s) for s in shards]
     total = sum(os.path.getsize(s) for s in shards)
+    out = os.path.join(shm_root, "out")
+    times: dict[str, list[float]] = {"sidecar": [], "curl": [], "urllib": []}
     server, url = _serve(src)
     with server:
-        cache = os.path.join(shm_root, "fill")
-        port = free_port()
-        with _sampler(_pattern(url, shards), cache, 2 * total, port, "--fetch-threads", str(threads)):
-            t_up = _until(lambda: _up(port), 60, "the sampler to start")
-            t_all = _until(lambda: _cached(cache) == len(shards), 300, "the cache to fill")
-        sampler_s = t_all - t_up
-        out = os.path.join(shm_root, "curl")
-        os.makedirs(out)
-        cmd = ["curl", "-s", "-f", "--parallel", "--parallel-max", str(threads)]
-        for s in shards:
-            cmd += ["-o", os.path.join(out, os.path.basename(s)), f"{url}/{os.path.basename(s)}"]
-        t0 = time.monotonic()
-        subprocess.run(cmd, check=True)
-        curl_s = time.monotonic() - t0
-    return {"shards": len(shards), "bytes": total, "threads": threads,
-            "sampler_gb_per_s": total / sampler_s / 1e9, "curl_gb_per_s": total / curl_s / 1e9}
+        for rep in range(reps + 1):  # the first round warms this machine's tmpfs up and is not counted
+            times["sidecar"].append(_sidecar_fill(_pattern(url, shards), os.path.join(shm_root, "fill"), 2 * total,
+                                                  len(shards), threads))
+            os.makedirs(out)
+            cmd = ["curl", "-s", "-f", "--parallel", "--parallel-max", str(threads)]
+            for n in names:
+                cmd += ["-o", os.path.join(out, n), f"{url}/{n}"]
+            times["curl"].append(_timed(lambda: subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)))
+            shutil.rmtree(out)
+            os.makedirs(out)
+            times["urllib"].append(_timed(lambda: _plain_http(url, names, out, threads)))
+            shutil.rmtree(out)
+            if rep == 0:
+                times = {k: [] for k in times}
+    gb = {k: [total / t / 1e9 for t in v] for k, v in times.items()}
+    return {"shards": len(shards), "bytes": total, "threads": threads, "reps": reps,
+            "sampler_gb_per_s": _median(gb["sidecar"]), "curl_gb_per_s": _median(gb["curl"]),
+            "urllib_gb_per_s": _median(gb["urllib"]), "runs_gb_per_s": gb}
+
+
+def s3_fill_rate(src: str, shm_root: str, threads: int = 4, count: int = 8, reps: int = 3) -> dict[str, Any]:
+    """The sidecar filling from a local S3 server (moto) against boto3's own parallel download of the
+    same keys (``download_file`` in as many threads); medians of ``reps`` interleaved runs."""
+    from ..demo.s3store import S3Store
+
+    src = in_memory(src, shm_root)
+    names = sorted(os.path.basename(s) for s in glob.glob(os.path.join(src, "*.tar")))[:count]
+    total = sum(os.path.getsize(os.path.join(src, n)) for n in names)
+    out = os.path.join(shm_root, "out")
+    times: dict[str, list[float]] = {"sidecar": [], "boto3": []}
+    with S3Store("bench") as store:
+        keys = store.upload(src, "raw", names)
+        first, last = names[0][:-4].rsplit("-", 1), names[-1][:-4].rsplit("-", 1)[1]
+        source = f"s3://bench/raw/{first[0]}-{{{first[1]}..{last}}}.tar"
+
+        import boto3
+        from botocore.config import Config
+
+        # boto3 as a user would call it, with a connection pool for its threads x download_file's own 10
+        client = boto3.client("s3", config=Config(max_pool_connections=10 * threads), **store.client_args())
+
+        def plain() -> None:
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(lambda k: client.download_file("bench", k, os.path.join(out, k[4:])), keys))
+
+        for _ in range(reps):
+            times["sidecar"].append(_sidecar_fill(source, os.path.join(shm_root, "fill"), 2 * total, len(names),
+                                                  threads, env=store.env()))
+            os.makedirs(out)
+            times["boto3"].append(_timed(plain))
+            shutil.rmtree(out)
+    mb = {k: [total / t / 1e6 for t in v] for k, v in times.items()}
+    return {"shards": len(names), "bytes": total, "threads": threads, "reps": reps,
+            "sampler_mb_per_s": _median(mb["sidecar"]), "boto3_mb_per_s": _median(mb["boto3"]), "runs_mb_per_s": mb}
 
 
 def train_while_filling(src: str, shm_root: str, run_contender: Callable[..., dict[str, Any]],
-                        seconds: float) -> dict[str, Any]:
-    """The loader on a pre-filled cache, then on an empty cache the sidecar fills during the run."""
+                        seconds: float, rounds: int = 3) -> dict[str, Any]:
+    """The loader on a pre-filled cache and on an empty cache the sidecar fills during the run, in
+    ``rounds`` interleaved pairs; the ratio is the median of the rounds' ratios (one pair swings by
+    5-10 % on this machine)."""
+    src = in_memory(src, shm_root)
     shards = sorted(glob.glob(os.path.join(src, "*.tar")))
     total = sum(os.path.getsize(s) for s in shards)
+    runs: dict[str, list[dict[str, Any]]] = {"prefilled": [], "filling": []}
+    at_end = []
     server, url = _serve(src)
     with server:
         pattern = _pattern(url, shards)
         pre = os.path.join(shm_root, "prefilled")
-        port = free_port()
-        with _sampler(pattern, pre, 2 * total, port):
+        with _sampler(pattern, pre, 2 * total, free_port()):
             _until(lambda: _cached(pre) == len(shards), 300, "the cache to fill")
-        prefilled = run_contender("--cache", pre)
-        live = os.path.join(shm_root, "filling")
         cap_mbps = total / 1e6 / seconds  # the fill spans the measured window
-        with _sampler(pattern, live, 2 * total, free_port(), "--max-mbps", f"{cap_mbps:.3f}"):
-            filling = run_contender("--cache", live)
-            shards_at_end = _cached(live)
-    return {"prefilled": prefilled, "filling": filling, "fill_mb_per_s": cap_mbps,
-            "shards": len(shards), "shards_cached_at_end": shards_at_end}
+        for _ in range(rounds):
+            runs["prefilled"].append(run_contender("--cache", pre))
+            live = os.path.join(shm_root, "filling")
+            with _sampler(pattern, live, 2 * total, free_port(), "--max-mbps", f"{cap_mbps:.3f}"):
+                runs["filling"].append(run_contender("--cache", live))
+                at_end.append(_cached(live))
+            shutil.rmtree(live)
+    ratios = [f["samples_per_s"] / p["samples_per_s"] for p, f in zip(runs["prefilled"], runs["filling"])]
+    mid = ratios.index(_median(ratios))
+    return {"prefilled": runs["prefilled"][mid], "filling": runs["filling"][mid], "ratio": ratios[mid],
+            "ratios": ratios, "rounds": rounds, "fill_mb_per_s": cap_mbps, "shards": len(shards),
+            "shards_cached_at_end": at_end[mid]}

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from ..formats.files import atomic_write
 
 MANIFEST = "manifest.json"
 SHARDS_DIR = "shards"
@@ -18,6 +19,8 @@ SHARDS_DIR = "shards"
 
 @dataclass(frozen=True)
 class ShardEntry:
+    """One published shard: what the loader may read and the sampler may evict (oldest first)."""
+
     id: str
     bytes: int
     samples: int
@@ -28,6 +31,8 @@ class ShardEntry:
 
 @dataclass
 class Manifest:
+    """The whole published state of a cache; each write has a higher generation."""
+
     generation: int = 0
     budget_bytes: int = 0
     shards: list[ShardEntry] = field(default_factory=list)
@@ -65,71 +70,4 @@ def read_manifest(cache_dir: str) -> Manifest:
 
 
 def write_manifest(cache_dir: str, manifest: Manifest) -> None:
-    path = os.path.join(cache_dir, MANIFEST)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(manifest.to_json(), f, separators=(",", ":"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(cache_dir)
-
-
-def fsync_dir(path: str) -> None:
-    """Make a rename in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class CacheSource:
-    """The shards a cache's manifest lists at the moment an epoch starts.
-
-    The loader reports its epoch (``readers/<rank>.json``) so the sampler can
-    grow the cache, and can wait for the cache to hold a minimum of shards.
-    """
-
-    def __init__(self, cache_dir: str):
-        self.cache_dir = os.fspath(cache_dir)
-        self.generation = -1
-
-    def manifest(self) -> Manifest | None:
-        try:
-            return read_manifest(self.cache_dir)
-        except FileNotFoundError:
-            return None
-
-    def snapshot(self) -> list[str]:
-        manifest = self.manifest()
-        if manifest is None:
-            return []
-        self.generation = manifest.generation
-        return [shard_path(self.cache_dir, s.id) for s in manifest.shards]
-
-    def epoch_started(self, rank: int, epoch: int, shards: int) -> None:
-        from .readers import write_reader
-
-        write_reader(self.cache_dir, rank, epoch, self.generation, shards)
-
-    def wait_for(self, min_shards: int, timeout: float) -> list[str]:
-        """The snapshot once it holds ``min_shards``; a clear error after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                shards = self.snapshot()
-            except ValueError:  # a corrupt manifest: the sampler rebuilds it
-                shards = []
-            if len(shards) >= min_shards:
-                return shards
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"cache {self.cache_dir} holds {len(shards)} shard(s) after {timeout:.0f} s, fewer than "
-                    f"min_shards={min_shards}: is `feedline sample` running and filling it (its /readyz says "
-                    f"when)? Raise wait_timeout (FEEDLINE_WAIT_TIMEOUT) or lower min_shards (FEEDLINE_MIN_SHARDS)"
-                )
-            time.sleep(0.2)
-
-    def describe(self) -> str:
-        return f"cache {self.cache_dir}"
+    atomic_write(os.path.join(cache_dir, MANIFEST), json.dumps(manifest.to_json(), separators=(",", ":")))

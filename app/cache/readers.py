@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass
+
+from ..formats.files import atomic_write
+
+log = logging.getLogger("feedline.cache")
 
 READERS_DIR = "readers"
 
 
 @dataclass(frozen=True)
 class ReaderState:
+    """One loader rank's last epoch start, as the sampler reads it."""
+
     rank: int
     epoch: int
     generation: int
@@ -30,11 +37,10 @@ def write_reader(cache_dir: str, rank: int, epoch: int, generation: int, shards:
     d = os.path.join(cache_dir, READERS_DIR)
     os.makedirs(d, exist_ok=True)
     state = ReaderState(rank, epoch, generation, shards, os.getpid(), time.time())
-    path = os.path.join(d, f"{rank}.json")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(asdict(state), f)
-    os.replace(tmp, path)
+    try:
+        atomic_write(os.path.join(d, f"{rank}.json"), json.dumps(asdict(state)), durable=False)
+    except OSError as exc:  # advisory: the sampler only grows the cache later than it could
+        log.warning("cannot write the reader file of rank %d in %s: %s", rank, d, exc)
 
 
 def read_readers(cache_dir: str) -> list[ReaderState]:

@@ -20,8 +20,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..formats.files import fsync_dir, sweep_temporaries
 from ..formats.shard_index import ShardError, build_index, index_path, write_index
-from .manifest import SHARDS_DIR, Manifest, ShardEntry, fsync_dir, read_manifest, shard_path, write_manifest
+from .manifest import (
+    SHARDS_DIR,
+    Manifest,
+    ShardEntry,
+    read_manifest,
+    shard_path,
+    write_manifest,
+)
+from .readers import READERS_DIR
 
 log = logging.getLogger("feedline.cache")
 
@@ -37,6 +46,7 @@ class Recovery:
     """What start-up found and did; every number is also logged."""
 
     partial_removed: int = 0
+    temporaries_removed: int = 0
     adopted: int = 0
     removed_invalid: int = 0
     dropped_missing: int = 0
@@ -46,6 +56,8 @@ class Recovery:
 
 
 class CacheStore:
+    """The cache directory's one writer: keeps the DESIGN.md invariants under one lock."""
+
     def __init__(self, root: str, budget_bytes: int, on_evict: Callable[[ShardEntry], None] | None = None):
         self.root = os.path.abspath(root)
         self.budget_bytes = budget_bytes
@@ -55,7 +67,7 @@ class CacheStore:
         self._manifest = Manifest(budget_bytes=budget_bytes)
         self._on_evict = on_evict
         os.makedirs(self.partial_dir, exist_ok=True)
-        os.makedirs(os.path.join(self.root, "readers"), exist_ok=True)
+        os.makedirs(os.path.join(self.root, READERS_DIR), exist_ok=True)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -149,8 +161,8 @@ class CacheStore:
             for p in glob.glob(os.path.join(self.partial_dir, "*")):
                 shutil.rmtree(p) if os.path.isdir(p) else os.unlink(p)
                 r.partial_removed += 1
-            for p in glob.glob(os.path.join(self.root, "manifest.json.tmp.*")):
-                os.unlink(p)
+            for d in (self.root, self.shards_dir, os.path.join(self.root, READERS_DIR)):
+                r.temporaries_removed += sweep_temporaries(d)
             try:
                 old = read_manifest(self.root)
             except FileNotFoundError:
@@ -199,8 +211,9 @@ class CacheStore:
                     total -= v.bytes
                 self._evict_locked(victims)
                 r.evicted_over_budget = len(victims)
-        log.info("cache %s recovered: %d shards (%d bytes); %d partial files removed, %d shards adopted, "
-                 "%d invalid removed, %d missing dropped, %d evicted to fit the budget%s", self.root,
-                 len(self.entries), self.total_bytes, r.partial_removed, r.adopted, r.removed_invalid,
+        log.info("cache %s recovered: %d shards (%d bytes); %d partial and %d temporary files removed, "
+                 "%d shards adopted, %d invalid removed, %d missing dropped, %d evicted to fit the budget%s", self.root,
+                 len(self.entries), self.total_bytes, r.partial_removed, r.temporaries_removed, r.adopted,
+                 r.removed_invalid,
                  r.dropped_missing, r.evicted_over_budget, ", manifest rebuilt" if r.manifest_rebuilt else "")
         return r

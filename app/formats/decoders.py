@@ -1,8 +1,20 @@
-"""Field decoders, chosen by the member's extension.
+"""Field decoders, chosen by the member's extension, with webdataset's meanings.
 
-Nothing here unpickles: ``.npy`` refuses object arrays, ``.pyd``/``.pickle``
-members are never decoded (they stay raw bytes). Images are returned as lazy
-PIL images so a transform can use JPEG draft mode before pixels are decoded.
+| extension | decoded as |
+|---|---|
+| jpg jpeg jpe jfif png ppm pgm pbm pnm bmp gif webp tif tiff | a lazy PIL image (see below) |
+| cls cls2 class count index inx id | int |
+| txt text transcript | str |
+| json jsn | the JSON value |
+| npy | a zero-copy numpy view; object arrays refused |
+| npz | dict of numpy arrays, ``allow_pickle=False`` |
+| bin | raw bytes as a uint8 array (a spec may reinterpret them) |
+| pkl pickle pyd pth | refused: loading them would unpickle, i.e. run code from the data |
+| anything else | bytes |
+
+Images are lazy, so a transform can ask libjpeg-turbo for a reduced-size decode (JPEG draft mode)
+before any pixel is decoded. A multi-dot extension (``seg.png``, ``depth.npy``) decodes by its
+last part, as webdataset groups it. Nothing here unpickles.
 """
 
 from __future__ import annotations
@@ -17,12 +29,32 @@ import numpy as np
 
 DecodeFn = Callable[[memoryview], Any]
 
-IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "webp", "tif", "tiff"})
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "jpe", "jfif", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "gif", "webp",
+                              "tif", "tiff"})
+INT_EXTENSIONS = frozenset({"cls", "cls2", "class", "count", "index", "inx", "id"})
+TEXT_EXTENSIONS = frozenset({"txt", "text", "transcript"})
+JSON_EXTENSIONS = frozenset({"json", "jsn"})
+UNSAFE_EXTENSIONS = frozenset({"pkl", "pickle", "pyd", "pth"})
 _NPY_MAGIC = b"\x93NUMPY"
 
 
 class DecodeError(Exception):
     """A member that cannot be decoded: the sample is skipped and counted as corrupt."""
+
+
+class UnsafeMemberError(DecodeError):
+    """A member whose only decoder would unpickle (run code from the data): never decoded."""
+
+
+def unsafe_reason(ext: str) -> str:
+    return (f"'.{ext}' members are Python pickles: loading one runs code from the data, so feedline never "
+            f"decodes them. Leave the field out (fields=[...]), or pass decode={{'{ext}': your_function}} "
+            f"if you trust the data")
+
+
+def last_part(ext: str) -> str:
+    """``seg.png`` -> ``png``: the part of a multi-dot extension that names the format."""
+    return ext.rsplit(".", 1)[-1]
 
 
 def decode_image(data: memoryview) -> Any:
@@ -83,20 +115,44 @@ def decode_json(data: memoryview) -> Any:
         raise DecodeError(f"bad JSON: {exc}") from None
 
 
+def decode_npz(data: memoryview) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` member; object arrays would unpickle and are refused."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except ValueError as exc:  # numpy's refusal of object arrays, or a bad archive
+        raise DecodeError(f"bad .npz (object arrays are never unpickled): {exc}") from None
+    except Exception as exc:  # zipfile errors and the like
+        raise DecodeError(f"bad .npz: {exc}") from None
+
+
 def decode_raw(data: memoryview) -> np.ndarray:
     """Raw bytes as a uint8 view; a spec field of the same size reinterprets them."""
     return np.frombuffer(data, dtype=np.uint8)
 
 
+def decode_bytes(data: memoryview) -> bytes:
+    return bytes(data)
+
+
+class Refuse:
+    """The "decoder" of pickle members: refuses, naming the safety reason (picklable, unlike a closure)."""
+
+    def __init__(self, ext: str):
+        self.ext = ext
+
+    def __call__(self, data: memoryview) -> Any:
+        raise UnsafeMemberError(unsafe_reason(self.ext))
+
+
 DEFAULT_DECODERS: dict[str, DecodeFn] = {
     **{ext: decode_image for ext in IMAGE_EXTENSIONS},
+    **{ext: decode_cls for ext in INT_EXTENSIONS},
+    **{ext: decode_text for ext in TEXT_EXTENSIONS},
+    **{ext: decode_json for ext in JSON_EXTENSIONS},
+    **{ext: Refuse(ext) for ext in UNSAFE_EXTENSIONS},
     "npy": decode_npy,
-    "cls": decode_cls,
-    "cls2": decode_cls,
-    "index": decode_cls,
-    "txt": decode_text,
-    "text": decode_text,
-    "json": decode_json,
+    "npz": decode_npz,
     "bin": decode_raw,
 }
 
@@ -117,5 +173,11 @@ class Decoder:
             )
 
     def __call__(self, ext: str, data: memoryview) -> Any:
-        fn = self._table.get(ext) or self._table.get(ext.rsplit(".", 1)[-1], decode_raw)
-        return fn(data)
+        return self.function(ext)(data)
+
+    def function(self, ext: str) -> DecodeFn:
+        """The decoder of an extension: its own, else its last part's (``seg.png``), else bytes."""
+        fn = self._table.get(ext) or self._table.get(last_part(ext))
+        if fn is not None:
+            return fn
+        return decode_bytes if self._table else decode_raw

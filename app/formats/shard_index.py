@@ -16,6 +16,8 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .files import atomic_write
+
 INDEX_VERSION = 1
 INDEX_SUFFIX = ".idx"
 
@@ -43,6 +45,8 @@ class Sample:
 
 @dataclass(frozen=True)
 class ShardIndex:
+    """Every sample of a shard with its members' offsets: what lets workers slice an mmap."""
+
     path: str
     shard_bytes: int
     samples: list[Sample]
@@ -148,12 +152,7 @@ def index_path(shard_path: str) -> str:
 def write_index(index: ShardIndex, dest: str | None = None) -> str:
     """Write the index atomically (temp + rename) so readers never see half of it."""
     dest = dest or index_path(index.path)
-    tmp = f"{dest}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(index.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, dest)
+    atomic_write(dest, index.to_json())
     return dest
 
 

@@ -1,1 +1,1 @@
-"""The staging loader: worker processes, the shared-memory ring, transfer threads."""
+"""The staging loader: tar shards -> worker processes -> shared-memory ring -> transfer threads -> the loop."""

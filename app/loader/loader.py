@@ -1,15 +1,18 @@
 """``StagingLoader``: tar shards -> worker processes -> shared-memory ring -> transfer threads -> the loop.
 
-The object owns every resource of the pipeline (processes, the ring, threads,
-pipes) and frees them in ``close()``; it is also a context manager, and a
-finalizer closes a loader that was forgotten.
+The loader owns every resource of the pipeline (processes, the ring, threads,
+pipes) through one ``Pipeline`` and frees them in ``close()``; it is also a
+context manager, and a finalizer closes a loader that was forgotten. It takes
+plain settings (``LoaderSettings``) and pushes its statistics to the sink it is
+given; it serves nothing itself (``app.StagingLoader`` adds ``metrics_port=``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import time
+import random
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -17,66 +20,34 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..cache.manifest import CacheSource
+from ..cache.source import CacheSource
+from ..errors import SettingError
 from ..formats.decoders import Decoder
-from ..formats.shard_index import ShardError, load_index
-from ..preflight import fmt_bytes, memory_budget
-from .plan import Rank, worker_shards
-from .pool import ErrorBudget, LoaderError, WorkerPool
-from .ring import BatchRing, RingHandle, RingLayout
+from ..preflight import fmt_bytes
+from ..sink import StatsSink
+from . import autotune
+from .autotune import AUTO
+from .coordinate import RankCoordinator
+from .errors import LoaderError
+from .iterator import EpochIterator
+from .launch import Launcher
+from .pipeline import Pipeline
+from .plan import EpochPlan
+from .pool import WorkerPool
+from .probe import resolve_side_bytes, resolve_spec
+from .rank import Rank
+from .resume import Cursor, Resume, make_state, plan_resume
+from .ring import BatchRing, RingHandle, RingLayout, check_ring_memory
+from .sample import FieldSelection
+from .settings import LoaderSettings, unknown_argument
 from .sources import PathSource, ShardSource
-from .spec import SampleRejected, Spec, fill
+from .spec import Spec
 from .stats import LoaderStats, StatsRecorder
+from .supervisor import ErrorBudget
 from .transfer import DeviceQueue, DirectHandOff, TransferStage
-from .worker import WorkerArgs, load_sample
+from .worker import WorkerCode, WorkerSetup
 
 log = logging.getLogger("feedline.loader")
-
-RING_MEMORY_SHARE = 0.8  # refuse a ring larger than this share of the memory left
-
-
-def _positive(name: str, value: int, minimum: int = 1) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def default_ring_slots(workers: int, transfer_threads: int, device_queue: int = 2) -> int:
-    """Two slots a worker, one a transfer thread, and the batches ready ahead of the loop."""
-    return 2 * workers + transfer_threads + device_queue
-
-
-class _Pipeline:
-    """The resources of a running loader, closable without a reference to the loader."""
-
-    def __init__(self) -> None:
-        self.ring: BatchRing | None = None
-        self.pool: WorkerPool | None = None
-        self.queue: DeviceQueue | DirectHandOff | None = None
-        self.transfer: TransferStage | None = None
-        self.pinned_ptr: int | None = None
-        self.metrics: Any = None
-
-    def close(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
-            self.metrics = None
-        if self.queue is not None:
-            self.queue.close()
-        if self.transfer is not None:
-            self.transfer._stop.set()
-        if self.pool is not None:
-            self.pool.close()
-        if self.transfer is not None:
-            self.transfer.close()
-        if self.pinned_ptr is not None:
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaHostUnregister(self.pinned_ptr)
-            self.pinned_ptr = None
-        if self.ring is not None:
-            self.ring.close()
-        self.ring = self.pool = self.queue = self.transfer = None
-
 
 class StagingLoader:
     """Iterate over batches (dicts of tensors); each ``for`` loop is one epoch.
@@ -84,7 +55,8 @@ class StagingLoader:
     Fields are keyed by their tar extension (``batch["jpg"]``, ``batch["cls"]``)
     unless the spec renames them; images are HWC uint8 unless a transform says
     otherwise. With ``drop_last=False`` each worker's last batch of an epoch may
-    be partial.
+    be partial. The keyword arguments are ``LoaderSettings``' fields; see
+    ``from_settings`` to pass the settings object itself.
     """
 
     def __init__(
@@ -92,13 +64,15 @@ class StagingLoader:
         shards: str | os.PathLike | Sequence[str | os.PathLike] | ShardSource | None = None,
         *,
         cache: str | os.PathLike | None = None,
-        batch_size: int = 32,
-        workers: int = 2,
-        transfer_threads: int = 1,
-        ring_slots: int | None = None,
         spec: Spec | Mapping[str, Any] | None = None,
+        fields: Sequence[str] | Mapping[str, str] | None = None,
         decode: bool | Mapping[str, Callable[[memoryview], Any]] = True,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        sink: StatsSink | None = None,
+        batch_size: int = 32,
+        workers: int | str = 2,
+        transfer_threads: int | str = 1,
+        ring_slots: int | None = None,
         shuffle: bool = True,
         shuffle_buffer: int = 1000,
         seed: int = 0,
@@ -107,174 +81,157 @@ class StagingLoader:
         zero_copy: bool = False,
         in_order: bool = True,
         max_sample_errors: float = 0.05,
+        worker_timeout: float = 60.0,
+        side_bytes: int | None = None,
+        decompress_dir: str | None = None,
+        equal_batches: str = "drop",
         device_queue: int = 2,
         start_method: str = "spawn",
         rank: Rank | None = None,
         starvation_window: float = 30.0,
         min_shards: int = 1,
         wait_timeout: float = 60.0,
-        metrics_port: int | None = None,
-        metrics_addr: str = "127.0.0.1",
+        **unknown: Any,
     ):
-        self.batch_size = _positive("batch_size", batch_size)
-        self.workers = _positive("workers", workers)
-        self.transfer_threads = _positive("transfer_threads", transfer_threads)
-        self.shuffle_buffer = _positive("shuffle_buffer", shuffle_buffer, 0)
-        device_queue = _positive("device_queue", device_queue)
-        self.ring_slots = _positive("ring_slots", ring_slots if ring_slots is not None
-                                    else default_ring_slots(self.workers, self.transfer_threads, device_queue), 2)
-        if self.ring_slots < self.workers:
-            raise ValueError(f"ring_slots={self.ring_slots} is fewer than workers={self.workers}: "
-                             f"give every worker a slot (ring_slots >= {2 * self.workers} is a good start)")
-        if not isinstance(max_sample_errors, (int, float)) or max_sample_errors < 0:
-            raise ValueError(f"max_sample_errors must be a count (>= 1) or a fraction in [0, 1), got {max_sample_errors!r}")
-        if start_method not in ("spawn", "forkserver"):
-            raise ValueError(f"start_method must be 'spawn' or 'forkserver' (never fork after CUDA), got {start_method!r}")
-        try:
-            self.device = torch.device(device)
-        except (RuntimeError, TypeError):
-            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {str(device)!r}") from None
+        if unknown:
+            raise TypeError(unknown_argument(next(iter(unknown))))
+        self.settings = s = LoaderSettings(
+            batch_size=batch_size, workers=workers, transfer_threads=transfer_threads, ring_slots=ring_slots,
+            device_queue=device_queue, device=str(device), zero_copy=zero_copy, in_order=in_order, shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer, seed=seed, drop_last=drop_last, max_sample_errors=max_sample_errors,
+            worker_timeout=worker_timeout, side_bytes=side_bytes, decompress_dir=decompress_dir,
+            equal_batches=equal_batches, start_method=start_method, rank=rank,
+            starvation_window=starvation_window, min_shards=min_shards, wait_timeout=wait_timeout)
+        self.device = torch.device(s.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={str(device)!r} but CUDA is not available here; use device='cpu'")
-        if self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {str(device)!r}")
+            raise SettingError("device", f"{s.device!r} but CUDA is not available here; use device='cpu'")
         if (shards is None) == (cache is None):
-            raise ValueError("give exactly one of shards= (paths or globs) or cache= (a cache directory)")
+            raise SettingError("shards", "give exactly one of shards= (paths or globs) or cache= (a cache directory)")
         self.source: ShardSource = (
-            CacheSource(os.fspath(cache)) if cache is not None
-            else shards if hasattr(shards, "snapshot") else PathSource(shards)  # type: ignore[arg-type]
+            CacheSource(cache) if cache is not None
+            else shards if hasattr(shards, "snapshot") else PathSource(shards, s.decompress_dir)  # type: ignore
         )
-        self.rank = rank or Rank.detect()
-        self.seed = int(seed)
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.zero_copy = zero_copy
+        self.rank = s.rank or Rank.detect()
         self.transform = transform
-        self._decoder = Decoder(decode)
+        try:
+            selection = FieldSelection(fields)
+        except (TypeError, ValueError) as exc:
+            raise SettingError("fields", str(exc).removeprefix("fields: ")) from None
         self._epoch = -1
+        self._next_epoch = 0  # the number the next iter() gives its epoch (set_epoch, load_state_dict)
+        self._epoch_named = False  # set_epoch was called since the last iter()
+        self._resume: Resume | None = None  # a loaded state, applied by the next iter()
+        self._cursor: Cursor | None = None
+        self._counts: dict[str, int] = {}  # samples per shard of this epoch, where the source knows them
         self._closed = False
-        self.epoch_shards: list[str] = []  # the snapshot the current epoch reads
+        self.plan: EpochPlan | None = None  # the current epoch's
+        self._iterator: weakref.ref[EpochIterator] | None = None  # the current epoch's, to end with the ring
 
-        _positive("min_shards", min_shards)
-        if isinstance(self.source, CacheSource):
-            first = self.source.wait_for(min_shards, wait_timeout)
-        else:
-            first = self.source.snapshot()
-        if cache is None:
-            if not first:
-                raise ValueError(f"shards: nothing matches {self.source.describe()}")
+        first = self.source.wait_for(s.min_shards, s.wait_timeout)
+        if AUTO in (s.workers, s.transfer_threads):
+            choice = autotune.choose(None if self.source.growing else len(first) // self.rank.world_size,
+                                     self.device.type)
+            s = self.settings = s.replace(
+                workers=choice.workers if s.workers == AUTO else s.workers,
+                transfer_threads=choice.transfer_threads if s.transfer_threads == AUTO else s.transfer_threads)
+            log.info("workers=%d, transfer_threads=%d (auto: %s)", s.workers, s.transfer_threads, choice.reason)
+        if not self.source.growing:
             per_rank = len(first) // self.rank.world_size
-            if self.workers > per_rank:
-                raise ValueError(
-                    f"workers={self.workers} but rank {self.rank.rank} of {self.rank.world_size} gets only "
-                    f"{per_rank} of the {len(first)} shards: use workers <= {max(1, per_rank)}, "
-                    f"or split the data into more shards"
-                )
-        self.spec = self._check_spec(spec, first)
-        layout = RingLayout(self.spec, self.batch_size)
-        self._check_memory(layout)
-
-        self._stats = StatsRecorder(starvation_window)
-        p = self._pipeline = _Pipeline()
+            if s.workers > per_rank:
+                raise SettingError(
+                    "workers", f"{s.workers} but rank {self.rank.rank} of {self.rank.world_size} gets only "
+                               f"{per_rank} of the {len(first)} shards: use workers <= {max(1, per_rank)}, "
+                               f"or split the data into more shards")
+        self._stats = StatsRecorder(s.starvation_window, sink)
+        self._stats.configured(0 if s.zero_copy and self.device.type == "cpu" else int(s.transfer_threads))
+        p = self._pipeline = Pipeline()
         self._finalizer = weakref.finalize(self, p.close)
         try:
-            if metrics_port is not None:
-                p.metrics = self._serve_metrics(metrics_addr, metrics_port)
-            p.ring = BatchRing(layout, self.ring_slots, self.workers)
+            if RankCoordinator.wanted(s.equal_batches):  # every rank builds its loaders in the same order
+                p.coordinator = RankCoordinator(s.equal_batches)
+            # the user's code, pickled once: refused here if no worker could run it
+            p.launcher = Launcher(WorkerCode(Decoder(decode), selection, transform))
+            self.spec, probed = self._probe(spec, first, p.launcher)
+            layout = RingLayout(self.spec, s.batch_size, resolve_side_bytes(s.side_bytes, self.spec, probed))
+            check_ring_memory(layout, s.slots, s.workers)
+            p.ring = BatchRing(layout, s.slots, s.workers)
             if self.device.type == "cuda":
                 p.pinned_ptr = self._pin(p.ring)
-            handle = RingHandle.of(p.ring)
-            level = logging.getLogger("feedline").getEffectiveLevel()
-
-            def make_args(index: int, conn: Any) -> WorkerArgs:
-                return WorkerArgs(index, conn, handle, self._decoder, transform, self.shuffle_buffer if shuffle else 0,
-                                  drop_last, level)
-
-            p.pool = WorkerPool(p.ring, make_args, self.workers, self._stats, ErrorBudget(float(max_sample_errors)),
-                                start_method, in_order)
-            if zero_copy and self.device.type == "cpu":
-                p.queue = DirectHandOff(p.pool, p.ring, self._stats)
+            setup = WorkerSetup(RingHandle.of(p.ring), s.shuffle_buffer if s.shuffle else 0, s.drop_last,
+                                logging.getLogger("feedline").getEffectiveLevel())
+            stats, slots = self._stats, s.slots
+            p.pool = WorkerPool(p.ring, p.launcher, setup.to_json(), s.workers, stats,
+                                ErrorBudget(s.max_sample_errors), in_order=s.in_order,
+                                worker_timeout=s.worker_timeout,
+                                on_tick=lambda: stats.report_gauges(*p.gauges(slots)))
+            if s.zero_copy and self.device.type == "cpu":
+                p.queue = DirectHandOff(p.pool, p.ring, stats)
             else:
-                p.queue = DeviceQueue(device_queue, in_order, p.pool.release)
-                p.transfer = TransferStage(p.pool, p.ring, p.queue, self._stats, self.transfer_threads,
-                                           self.device)
+                p.queue = DeviceQueue(s.device_queue, s.in_order)
+                p.transfer = TransferStage(p.pool, p.ring, p.queue, stats, s.transfer_threads, self.device)
         except BaseException:
             self.close()
             raise
 
+    def _probe(self, spec: Spec | Mapping[str, Any] | None, shards: list[str],
+               launcher: Launcher) -> tuple[Spec, list[dict[str, Any]]]:
+        """The batch layout, from a copy of the user's code (as a worker gets it) run on the first samples.
+
+        The user's own transform object is never called here, and the training script's ``random`` and
+        ``numpy`` streams are left as they were.
+        """
+        code = launcher.code()
+        py_state, np_state = random.getstate(), np.random.get_state()
+        try:
+            return resolve_spec(spec, shards, self.source.describe(), code.decoder, code.selection, code.transform)
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+    @classmethod
+    def from_settings(cls, settings: LoaderSettings, shards: Any = None, *, cache: str | os.PathLike | None = None,
+                      spec: Spec | Mapping[str, Any] | None = None,
+                      decode: bool | Mapping[str, Callable[[memoryview], Any]] = True,
+                      transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                      sink: StatsSink | None = None, **extra: Any) -> "StagingLoader":
+        """A loader from a settings object (what the face's ``Config`` builds); ``extra`` goes to a subclass."""
+        values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+        return cls(shards, cache=cache, spec=spec, decode=decode, transform=transform, sink=sink, **values, **extra)
+
+    # -- settings, as attributes users read ------------------------------------------------------
+
+    @property
+    def batch_size(self) -> int:
+        return self.settings.batch_size
+
+    @property
+    def workers(self) -> int:
+        return self.settings.workers
+
+    @property
+    def ring_slots(self) -> int:
+        return self.settings.slots
+
+    @property
+    def seed(self) -> int:
+        return self.settings.seed
+
+    @property
+    def epoch_shards(self) -> list[str]:
+        """The shard snapshot the current epoch reads (every rank's)."""
+        return list(self.plan.shards) if self.plan is not None else []
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being read (-1 before the first ``iter()``)."""
+        return self._epoch
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next ``iter()`` starts or resumes."""
+        return self._resume.plan.epoch if self._resume is not None else self._next_epoch
+
     # -- construction checks ----------------------------------------------------------------
-
-    def _first_sample(self, shards: list[str], wanted: set[str] | None) -> dict[str, Any] | None:
-        """Decode and transform the first readable sample, in this process, to learn or check the layout."""
-        for path in sorted(shards)[:8]:
-            try:
-                index = load_index(path)
-            except ShardError as exc:
-                log.warning("%s", exc)
-                continue
-            with open(path, "rb") as f:
-                data = memoryview(f.read(max(off + size for s in index.samples[:4] for off, size in s.fields.values())))
-            for ref in index.samples[:4]:
-                try:
-                    sample, _ = load_sample(data, path, ref, self._decoder, wanted, self.transform, set())
-                    return sample
-                except Exception as exc:
-                    log.warning("%s sample %r cannot be read (%s); trying the next", path, ref.key, exc)
-        return None
-
-    def _check_spec(self, spec: Spec | Mapping[str, Any] | None, shards: list[str]) -> Spec:
-        if spec is not None:
-            parsed = Spec.parse(spec)
-            if not shards:
-                return parsed
-            sample = self._first_sample(shards, parsed.sources if self.transform is None else None)
-            if sample is None:
-                return parsed
-            for f in parsed.fields:
-                if f.source not in sample:
-                    have = sorted(k for k in sample if not k.startswith("__"))
-                    raise ValueError(f"spec field {f.name!r} reads {f.source!r}, which the data does not have "
-                                     f"(a sample has {have}); fix the spec's source or the transform")
-                scratch = np.zeros((1,) + f.shape, f.np_dtype)
-                lengths = np.zeros(1, np.int32)
-                try:
-                    fill(f, scratch, sample[f.source], lengths, 0)
-                except SampleRejected as exc:
-                    raise ValueError(f"spec does not match the data: {exc}") from None
-            return parsed
-        if not shards:
-            raise ValueError("spec: the cache holds no shard yet to infer the batch layout from; pass spec=")
-        sample = self._first_sample(shards, None)
-        if sample is None:
-            raise ValueError(f"spec: no readable sample in the first shards of {self.source.describe()} "
-                             f"to infer the batch layout from; pass spec= or check the shards")
-        inferred = Spec.infer(sample)
-        log.info("inferred batch spec: %s", ", ".join(f"{f.name} {np.dtype(f.dtype).name}{list(f.shape)}"
-                                                     f"{' variable' if f.variable else ''}" for f in inferred.fields))
-        return inferred
-
-    def _check_memory(self, layout: RingLayout) -> None:
-        need = BatchRing.size_for(layout, self.ring_slots, self.workers)
-        budget = memory_budget()
-        if need > RING_MEMORY_SHARE * budget.available:
-            fits = int(RING_MEMORY_SHARE * budget.available // layout.slot_bytes)
-            raise ValueError(
-                f"the batch ring needs {fmt_bytes(need)} ({self.ring_slots} ring_slots x {fmt_bytes(layout.slot_bytes)} "
-                f"per batch of batch_size={self.batch_size}), but {budget.source} leaves {fmt_bytes(budget.available)}: "
-                f"use ring_slots <= {max(fits, 0)} or a smaller batch_size, or raise the memory limit"
-            )
-
-    def _serve_metrics(self, addr: str, port: int) -> Any:
-        """/metrics of this loader, read at scrape time; a port in use is refused here, at start-up."""
-        from prometheus_client import CollectorRegistry
-
-        from ..metrics.exporter import MetricsServer
-        from ..metrics.loader_metrics import BuildInfo, LoaderCollector, torchrun_rank
-
-        registry = CollectorRegistry()
-        registry.register(LoaderCollector(self.stats, torchrun_rank()))
-        registry.register(BuildInfo())
-        return MetricsServer(registry, addr, port, setting="metrics_port (--metrics-port / FEEDLINE_METRICS_PORT)")
 
     @staticmethod
     def _pin(ring: BatchRing) -> int:
@@ -287,51 +244,129 @@ class StagingLoader:
 
     # -- iteration ------------------------------------------------------------------------
 
-    def __iter__(self) -> "_EpochIterator":
+    def __iter__(self) -> EpochIterator:
+        """The next epoch (or the rest of a resumed one); a ``for`` over the loader starts one each time."""
         if self._closed:
             raise LoaderError("the loader is closed")
         p = self._pipeline
         assert p.pool is not None and p.queue is not None
+        s = self.settings
+        resume, self._resume = self._resume, None
+        first = delivered = None
+        if resume is not None:
+            plan, first, delivered = resume.plan, resume.first, resume.delivered
+        else:
+            plan = self._plan_epoch(self._next_epoch)
+        self.plan = plan
+        counts = getattr(self.source, "counts", {})
+        self._counts = {path: counts[path] for path in plan.shards if path in counts}
+        if p.coordinator is not None and not self._epoch_named and self._epoch == plan.epoch and resume is None:
+            log.warning("epoch %d starts again on this rank: under torch.distributed call loader.set_epoch(epoch) "
+                        "before each epoch, on every rank (epochs do not count up on their own there)", plan.epoch)
+        self._epoch_named = False
+        self._epoch = plan.epoch
+        # under torch.distributed epochs are named (set_epoch), as with DistributedSampler: a second iter()
+        # repeats the epoch on this rank instead of silently moving ahead of the others
+        self._next_epoch = plan.epoch if p.coordinator is not None else plan.epoch + 1
+        if plan.rank_shards < s.workers:
+            log.warning("epoch %d: %d shards for %d ranks x %d workers; some workers sit idle",
+                        plan.epoch, len(plan.shards), self.rank.world_size, s.workers)
+        log.debug("%s", plan.describe())
+        limit = None
+        if p.coordinator is not None:  # the same number of batches on every rank, or an error if out of step
+            limit = p.coordinator.agree(plan.epoch, plan.batches(s.batch_size, s.drop_last))
+        self.source.epoch_started(self.rank.rank, plan.epoch, len(plan.shards))
+        self._stats.set_epoch(plan.epoch)
+        self._cursor = Cursor.start(s.workers, first, delivered)
+        p.queue.start_epoch(plan.epoch)
+        p.pool.start_epoch(plan, first, delivered)
+        it = EpochIterator(plan.epoch, lambda: self._epoch, p.queue, p.pool.release, self._stats, self.device,
+                           self._cursor, limit)
+        self._iterator = weakref.ref(it)
+        return it
+
+    def _plan_epoch(self, epoch: int) -> EpochPlan:
         shards = self.source.snapshot()
         if not shards:
             raise LoaderError(f"no shards to read in {self.source.describe()}")
-        self._epoch += 1
-        self.epoch_shards = shards
-        if len(shards) // self.rank.world_size < self.workers:
-            log.warning("epoch %d: %d shards for %d ranks x %d workers; some workers sit idle",
-                        self._epoch, len(shards), self.rank.world_size, self.workers)
-        plans = [
-            {"epoch": self._epoch, "seed": self.seed, "rank": self.rank.rank, "worker": w,
-             "shards": worker_shards(shards, self.seed, self._epoch, self.rank, w, self.workers, self.shuffle)}
-            for w in range(self.workers)
-        ]
-        if isinstance(self.source, CacheSource):
-            self.source.epoch_started(self.rank.rank, self._epoch, len(shards))
-        self._stats.set_epoch(self._epoch)
-        p.queue.start_epoch(self._epoch)
-        p.pool.start_epoch(self._epoch, plans)
-        return _EpochIterator(self, self._epoch)
+        s = self.settings
+        return EpochPlan.make(shards, epoch=epoch, seed=s.seed, rank=self.rank, workers=s.workers, shuffle=s.shuffle)
 
-    @property
-    def epoch(self) -> int:
-        return self._epoch
+    # -- epochs and resume -------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next ``iter()`` starts, as ``DistributedSampler.set_epoch``; without it epochs count up.
+
+        A loaded state for that same epoch is kept: the next ``iter()`` resumes it.
+        """
+        if self._resume is not None and self._resume.plan.epoch != epoch:
+            log.warning("set_epoch(%d): the loaded state of epoch %d is dropped", epoch, self._resume.plan.epoch)
+            self._resume = None
+        if self._resume is None:
+            self._next_epoch = int(epoch)
+        self._epoch_named = True
+
+    def _state_settings(self) -> dict[str, Any]:
+        s = self.settings
+        return {"seed": s.seed, "batch_size": s.batch_size, "drop_last": s.drop_last, "shuffle": s.shuffle,
+                "shuffle_buffer": s.shuffle_buffer, "workers": s.workers, "rank": self.rank.rank,
+                "world_size": self.rank.world_size}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training loop is: small plain data (JSON), for ``load_state_dict`` in a fresh loader.
+
+        It records the batches the loop received, not those decoded ahead. Taken after the loop received
+        batch k, a loader that loads it yields batches k+1... of that epoch, then the next epochs.
+        """
+        if self._resume is not None:  # loaded, not yet iterated: the start of the resumed epoch
+            r = self._resume
+            cursor = Cursor.start(self.settings.workers, r.first, r.delivered)
+            return make_state(r.plan, cursor, r.plan.epoch, self._state_settings(), self._counts)
+        return make_state(self.plan, self._cursor, self._next_epoch, self._state_settings(), self._counts)
+
+    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], elastic: bool = False) -> None:
+        """Go on from a saved state at the next ``iter()``.
+
+        The state must come from a loader with the same seed, batch size, drop_last, shuffle settings,
+        worker count and rank/world size, over the same shards — or pass ``elastic=True`` (and, when the
+        world size changed, the states of all the interrupted run's ranks, as a list): then every sample
+        the interrupted epoch had not delivered is delivered exactly once, in another order.
+        """
+        resume, next_epoch = plan_resume(state, self._state_settings(), self.rank, self.source.snapshot(),
+                                         self.source.growing, elastic)
+        self._resume, self._next_epoch = resume, next_epoch
+        if resume is None:  # before an epoch: nothing of the past run's epochs is in progress here
+            self.plan, self._cursor = None, None
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current epoch (before iterating: the next one), from the shard indexes.
+
+        Exact when no sample is skipped (corrupt, evicted); without ``drop_last`` each worker's last,
+        partial batch counts as one.
+        """
+        if self._resume is not None:
+            plan = self._resume.plan
+        elif self.plan is not None and self._cursor is not None and not self._cursor.finished:
+            plan = self.plan
+        else:
+            plan = self._plan_epoch(self._next_epoch)
+        return plan.batches(self.settings.batch_size, self.settings.drop_last)
 
     def stats(self) -> LoaderStats:
         """Counters and queue depths, named after the metrics in DESIGN.md."""
-        p = self._pipeline
-        depth = {"free": 0, "decoded": 0, "device": 0}
-        busy = {"busy": 0, "idle": 0}
-        if p.pool is not None and p.queue is not None:
-            depth.update(p.pool.depths())
-            depth["device"] = p.queue.depth()
-            busy = p.pool.worker_states()
-        capacity = {"free": self.ring_slots, "decoded": self.ring_slots,
-                    "device": p.queue.capacity if p.queue is not None else 0}
-        return self._stats.snapshot(depth, capacity, busy)
+        return self._stats.snapshot(*self._pipeline.gauges(self.settings.slots))
+
+    @property
+    def starvation_window(self) -> float:
+        return self._stats.window_seconds
 
     def close(self) -> None:
         """Stop the workers and threads and free the ring; safe to call more than once."""
         self._closed = True
+        ref = getattr(self, "_iterator", None)
+        it = ref() if ref is not None else None
+        if it is not None:
+            it.loader_closed()
         self._finalizer()
 
     def __enter__(self) -> "StagingLoader":
@@ -339,70 +374,3 @@ class StagingLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _EpochIterator:
-    """One epoch; measures the time the loop is blocked in ``next()`` (data wait) and between calls (step)."""
-
-    def __init__(self, loader: StagingLoader, epoch: int):
-        self._loader = loader
-        self._epoch = epoch
-        self._last_return: float | None = None
-        self._held_slot: int | None = None
-        self._pending_waits: list[tuple[Any, Any]] = []
-        self._done = False
-
-    def __iter__(self) -> "_EpochIterator":
-        return self
-
-    def _release_held(self) -> None:
-        if self._held_slot is not None:
-            pool = self._loader._pipeline.pool
-            if pool is not None:
-                pool.release(self._held_slot)
-            self._held_slot = None
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        loader = self._loader
-        called = time.perf_counter()
-        step = called - self._last_return if self._last_return is not None else None
-        self._release_held()
-        if self._done:
-            raise StopIteration
-        if self._epoch != loader._epoch:
-            raise LoaderError(f"epoch {self._epoch} was abandoned when epoch {loader._epoch} started")
-        queue = loader._pipeline.queue
-        if queue is None:
-            raise LoaderError("the loader is closed")
-        item = queue.get()
-        wait = time.perf_counter() - called
-        loader._stats.step(wait, step)
-        if item is None:
-            self._done = True
-            self._last_return = None
-            raise StopIteration
-        if item.event is not None:
-            self._hand_over_cuda(item)
-        self._held_slot = item.slot
-        self._last_return = time.perf_counter()
-        return item.tensors
-
-    def _hand_over_cuda(self, item: Any) -> None:
-        """The consumer's stream waits for the copy on the GPU, not the host; measured lazily."""
-        stream = torch.cuda.current_stream(self._loader.device)
-        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        before.record(stream)
-        stream.wait_event(item.event)
-        after.record(stream)
-        for t in item.tensors.values():
-            t.record_stream(stream)
-        self._pending_waits.append((before, after))
-        while self._pending_waits and self._pending_waits[0][1].query():
-            b, a = self._pending_waits.pop(0)
-            self._loader._stats.h2d_wait(b.elapsed_time(a) / 1000.0)
-
-    def __del__(self) -> None:
-        try:
-            self._release_held()
-        except Exception:
-            pass

@@ -11,12 +11,20 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from .plan import WorkerPlan
+
 # Labels of feedline_sample_errors_total{reason}; the order is the wire order.
 ERROR_REASONS = ("corrupt", "too_large", "missing_field", "shape_mismatch", "bad_shard", "evicted", "worker_crash")
+# Skips that say nothing about the data: a shard the sampler evicted before a worker opened it (DESIGN.md:
+# "skips it with a counted warning, never a crash"). Counted, but outside the failure budget.
+BUDGET_EXEMPT = frozenset({"evicted"})
+# Labels of feedline_worker_restarts_total{reason}: a worker that died, or one that made no progress.
+RESTART_REASONS = ("crashed", "stalled")
 
-EPOCH = b"E"  # parent -> worker: JSON epoch plan; abandons any earlier epoch
+EPOCH = b"E"  # parent -> worker: a JSON WorkerPlan; abandons any earlier epoch
 FILL = b"F"  # parent -> worker: fill this slot with your next batch
 STOP = b"S"  # parent -> worker: exit
+READY = b"R"  # worker -> parent: started, ring mapped, stack dumps armed
 DONE = b"D"  # worker -> parent: slot filled with n samples
 END = b"N"  # worker -> parent: stream exhausted, slot returned unused
 FATAL = b"X"  # worker -> parent: JSON {"message"}: cannot go on
@@ -25,8 +33,12 @@ _FILL = struct.Struct("<III")
 _RESULT = struct.Struct("<IIIIqQQQ" + "I" * len(ERROR_REASONS))
 
 
-def encode_epoch(plan: dict[str, Any]) -> bytes:
-    return EPOCH + json.dumps(plan).encode()
+def encode_epoch(plan: WorkerPlan) -> bytes:
+    return EPOCH + plan.to_json().encode()
+
+
+def decode_epoch(msg: bytes) -> WorkerPlan:
+    return WorkerPlan.from_json(msg[1:])
 
 
 def encode_fill(epoch: int, slot: int, batch: int) -> bytes:

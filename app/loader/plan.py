@@ -1,45 +1,24 @@
-"""Which shards each rank and worker reads in an epoch: seeded, reproducible, disjoint."""
+"""``EpochPlan``: which shards each worker of this rank reads in one epoch — seeded, reproducible, disjoint.
+
+The plan is a value: the same (shards, seed, epoch, rank, workers) give the same
+plan on every rank and every run, so it can be described, stored and rebuilt.
+A worker receives its part as a ``WorkerPlan`` (JSON on the wire, never pickled),
+with the stream position to resume from after a restart.
+"""
 
 from __future__ import annotations
 
-import os
+import json
 import random
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..formats.shard_index import ShardError, load_index
+from .rank import Rank
 
 
-@dataclass(frozen=True)
-class Rank:
-    rank: int
-    world_size: int
-
-    @classmethod
-    def detect(cls, local: bool = False) -> "Rank":
-        """torch.distributed when initialised, else torchrun's RANK/WORLD_SIZE, else 0 of 1.
-
-        ``local``: torchrun's LOCAL_RANK/LOCAL_WORLD_SIZE, for a node-local cache that holds
-        only this node's partition of the data.
-        """
-        if local:
-            rank = int(os.environ.get("LOCAL_RANK", "0"))
-            world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-            if not 0 <= rank < world:
-                raise ValueError(f"LOCAL_RANK={rank} is outside LOCAL_WORLD_SIZE={world}")
-            return cls(rank, world)
-        try:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                return cls(dist.get_rank(), dist.get_world_size())
-        except ImportError:
-            pass
-        rank = int(os.environ.get("RANK", "0"))
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if not 0 <= rank < world:
-            raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world}")
-        return cls(rank, world)
-
-
-def epoch_order(shards: list[str], seed: int, epoch: int, shuffle: bool = True) -> list[str]:
+def epoch_order(shards: list[str] | tuple[str, ...], seed: int, epoch: int, shuffle: bool = True) -> list[str]:
     """The epoch's shard order: the same (seed, epoch) gives the same order on every rank."""
     ordered = sorted(shards)
     if shuffle:
@@ -47,16 +26,108 @@ def epoch_order(shards: list[str], seed: int, epoch: int, shuffle: bool = True) 
     return ordered
 
 
-def split(shards: list[str], index: int, count: int) -> list[str]:
-    """Every ``count``-th shard starting at ``index``: disjoint parts that cover the list."""
-    return shards[index::count]
-
-
-def worker_shards(shards: list[str], seed: int, epoch: int, rank: Rank, worker: int, workers: int,
-                  shuffle: bool = True) -> list[str]:
-    return split(split(epoch_order(shards, seed, epoch, shuffle), rank.rank, rank.world_size), worker, workers)
+def split(items: list[str], index: int, count: int) -> list[str]:
+    """Every ``count``-th item starting at ``index``: disjoint parts that cover the list."""
+    return items[index::count]
 
 
 def stream_seed(seed: int, epoch: int, rank: int, worker: int) -> str:
     """Seed of a worker's sample shuffle buffer and its transforms' randomness."""
     return f"feedline-samples:{seed}:{epoch}:{rank}:{worker}"
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One worker's part of an epoch, and where in its sample stream to (re)start."""
+
+    epoch: int
+    seed: int
+    rank: int
+    worker: int
+    shards: tuple[str, ...]
+    resume: int = 0  # samples of the stream already delivered: skip them
+    poison: tuple[int, ...] = ()  # stream positions that crashed a worker twice: skip and count
+    skip: dict[int, tuple[int, ...]] = field(default_factory=dict)  # shard ordinal -> sample indexes left out
+
+    @property
+    def stream_seed(self) -> str:
+        return stream_seed(self.seed, self.epoch, self.rank, self.worker)
+
+    def to_json(self) -> str:
+        return json.dumps({"epoch": self.epoch, "seed": self.seed, "rank": self.rank, "worker": self.worker,
+                           "shards": list(self.shards), "resume": self.resume, "poison": list(self.poison),
+                           "skip": {str(k): list(v) for k, v in self.skip.items()}})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "WorkerPlan":
+        d = json.loads(text)
+        return cls(int(d["epoch"]), int(d["seed"]), int(d["rank"]), int(d["worker"]), tuple(d["shards"]),
+                   int(d["resume"]), tuple(int(p) for p in d["poison"]),
+                   {int(k): tuple(v) for k, v in d.get("skip", {}).items()})
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """This rank's epoch: the shard snapshot, its seeded order, and each worker's share of it."""
+
+    epoch: int
+    seed: int
+    rank: Rank
+    shuffle: bool
+    shards: tuple[str, ...]  # the snapshot every rank split (sorted)
+    assignment: tuple[tuple[str, ...], ...]  # per worker, in reading order
+    skip: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # delivered before an elastic resume
+
+    @classmethod
+    def make(cls, shards: list[str] | tuple[str, ...], *, epoch: int, seed: int, rank: Rank, workers: int,
+             shuffle: bool = True, skip: Mapping[str, tuple[int, ...]] | None = None) -> "EpochPlan":
+        mine = split(epoch_order(shards, seed, epoch, shuffle), rank.rank, rank.world_size)
+        return cls(epoch, seed, rank, shuffle, tuple(sorted(shards)),
+                   tuple(tuple(split(mine, w, workers)) for w in range(workers)), dict(skip or {}))
+
+    @property
+    def workers(self) -> int:
+        return len(self.assignment)
+
+    @property
+    def rank_shards(self) -> int:
+        """Shards this rank reads in the epoch."""
+        return sum(len(a) for a in self.assignment)
+
+    def batches(self, batch_size: int, drop_last: bool) -> int:
+        """Batches this rank yields in the epoch, from the shard indexes: without ``drop_last`` each worker's
+        last, partial batch counts as one; samples skipped as corrupt would make it fewer."""
+        total = 0
+        for shards in self.assignment:
+            n = 0
+            for path in shards:
+                try:
+                    n += len(load_index(path).samples) - len(self.skip.get(path, ()))
+                except ShardError:
+                    continue
+            total += n // batch_size if drop_last else -(-n // batch_size)
+        return total
+
+    def for_worker(self, worker: int, resume: int = 0, poison: tuple[int, ...] | list[int] = ()) -> WorkerPlan:
+        mine = self.assignment[worker]
+        skip = {k: self.skip[path] for k, path in enumerate(mine) if self.skip.get(path)}
+        return WorkerPlan(self.epoch, self.seed, self.rank.rank, worker, mine, resume, tuple(sorted(poison)), skip)
+
+    def describe(self) -> str:
+        shares = "/".join(str(len(a)) for a in self.assignment)
+        return (f"epoch {self.epoch}, rank {self.rank.rank} of {self.rank.world_size}: {self.rank_shards} of "
+                f"{len(self.shards)} shards, workers read {shares}, seed {self.seed}"
+                f"{'' if self.shuffle else ', unshuffled'}")
+
+    def get_state(self) -> dict[str, Any]:
+        """Plain data from which ``from_state`` rebuilds this plan exactly (the assignment is derived)."""
+        return {"epoch": self.epoch, "seed": self.seed, "rank": self.rank.rank, "world_size": self.rank.world_size,
+                "shuffle": self.shuffle, "workers": self.workers, "shards": list(self.shards),
+                "skip": {path: list(v) for path, v in self.skip.items()}}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> "EpochPlan":
+        return cls.make(state["shards"], epoch=int(state["epoch"]), seed=int(state["seed"]),
+                        rank=Rank(int(state["rank"]), int(state["world_size"])), workers=int(state["workers"]),
+                        shuffle=bool(state["shuffle"]),
+                        skip={path: tuple(v) for path, v in state.get("skip", {}).items()})

@@ -16,14 +16,23 @@ from __future__ import annotations
 import mmap
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from ..errors import SettingError
+from ..preflight import fmt_bytes, memory_budget
+from .side import KEY, KEY_ONLY_SIDE_BYTES, SIDE_DATA, SIDE_LEN
 from .spec import Field, Spec
 
 _FIELD_ALIGN = 64
 _PAGE = mmap.PAGESIZE
-STATUS_WORDS = 2  # per worker: [epoch, stream position being decoded or -1]
+# Per worker: [epoch, what it is doing, shard ordinal, index] and the key of the sample in hand, so the
+# trainer knows what a worker was doing when it died or stalled. What it is doing: a stream position
+# >= 0 (decoding that sample), IDLE, SKIPPING (to its resume position; index counts), OPENING (a shard).
+STATUS_WORDS = 4
+STATUS_KEY_BYTES = 96  # the key of the sample in hand, NUL-terminated (longer keys are cut)
+IDLE, SKIPPING, OPENING = -1, -2, -3
 
 
 def _align(n: int, a: int) -> int:
@@ -32,6 +41,8 @@ def _align(n: int, a: int) -> int:
 
 @dataclass(frozen=True)
 class FieldSlot:
+    """One array of a slot: a field (or its lengths) for the whole batch."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]  # with the batch dimension first
@@ -39,19 +50,28 @@ class FieldSlot:
 
 
 class RingLayout:
-    """Where each field's ``(batch, *shape)`` array sits inside one slot."""
+    """Where each field's ``(batch, *shape)`` array sits inside one slot, and the side region after them."""
 
-    def __init__(self, spec: Spec, batch_size: int):
+    def __init__(self, spec: Spec, batch_size: int, side_bytes: int = KEY_ONLY_SIDE_BYTES):
         self.spec = spec
         self.batch_size = batch_size
+        self.side_bytes = side_bytes
+        self.side_fields = (KEY, *spec.side_fields)
         entries: list[FieldSlot] = []
         offset = 0
-        for f in spec.fields:
-            entries.append(FieldSlot(f.name, f.dtype, (batch_size,) + f.shape, offset))
-            offset = _align(offset + f.nbytes * batch_size, _FIELD_ALIGN)
+
+        def add(name: str, dtype: str, shape: tuple[int, ...], nbytes: int) -> None:
+            nonlocal offset
+            entries.append(FieldSlot(name, dtype, (batch_size,) + shape, offset))
+            offset = _align(offset + nbytes * batch_size, _FIELD_ALIGN)
+
+        for f in spec.tensor_fields:
+            add(f.name, f.dtype, f.shape, f.nbytes)
             if f.variable:
-                entries.append(FieldSlot(f.length_name, "<i4", (batch_size,), offset))
-                offset = _align(offset + 4 * batch_size, _FIELD_ALIGN)
+                add(f.length_name, "<i4", (), 4)
+        self.tensor_names = tuple(e.name for e in entries)
+        add(SIDE_LEN, "<i4", (len(self.side_fields),), 4 * len(self.side_fields))
+        add(SIDE_DATA, "|u1", (side_bytes,), side_bytes)
         self.entries = tuple(entries)
         self.slot_bytes = _align(max(offset, 1), _PAGE)
 
@@ -66,7 +86,8 @@ class RingLayout:
 
     @property
     def fields(self) -> tuple[Field, ...]:
-        return self.spec.fields
+        """The tensor fields (the side fields are ``side_fields``)."""
+        return self.spec.tensor_fields
 
 
 class RingMemory:
@@ -111,17 +132,21 @@ class BatchRing:
         self.layout = layout
         self.slots = slots
         self.workers = workers
-        self.status_offset = slots * layout.slot_bytes
-        size = self.status_offset + _align(workers * STATUS_WORDS * 8, _PAGE)
-        self.memory = memory or RingMemory.create(size)
+        self.memory = memory or RingMemory.create(self.size_for(layout, slots, workers))
         self._slot_views = [layout.views(self.memory.base, s) for s in range(slots)]
-        self.status = self.memory.base[self.status_offset : self.status_offset + workers * STATUS_WORDS * 8].view(
-            np.int64
-        ).reshape(workers, STATUS_WORDS)
+        start = slots * layout.slot_bytes
+        words = workers * STATUS_WORDS * 8
+        self.status = self.memory.base[start : start + words].view(np.int64).reshape(workers, STATUS_WORDS)
+        self.status_keys = self.memory.base[start + words : start + words + workers * STATUS_KEY_BYTES].reshape(
+            workers, STATUS_KEY_BYTES)
 
     @staticmethod
     def size_for(layout: RingLayout, slots: int, workers: int) -> int:
-        return slots * layout.slot_bytes + _align(workers * STATUS_WORDS * 8, _PAGE)
+        return slots * layout.slot_bytes + _align(workers * (STATUS_WORDS * 8 + STATUS_KEY_BYTES), _PAGE)
+
+    def key_in_hand(self, worker: int) -> str:
+        raw = self.status_keys[worker].tobytes().split(b"\0", 1)[0]
+        return raw.decode("utf-8", "replace")
 
     def slot(self, index: int) -> dict[str, np.ndarray]:
         return self._slot_views[index]
@@ -129,36 +154,54 @@ class BatchRing:
     def close(self) -> None:
         self._slot_views = []
         self.status = np.empty((0, STATUS_WORDS), np.int64)
+        self.status_keys = np.empty((0, STATUS_KEY_BYTES), np.uint8)
         self.memory.close()
 
 
 class RingHandle:
-    """What a worker process needs to map the ring: the fd travels via DupFd, never a name."""
+    """What a worker process needs to map the ring: plain data (JSON), the fd inherited by its number."""
 
-    def __init__(self, fd: int, size: int, spec: Spec, batch_size: int, slots: int, workers: int):
+    def __init__(self, fd: int, size: int, spec: Spec, batch_size: int, side_bytes: int, slots: int,
+                 workers: int):
         self.fd = fd
         self.size = size
         self.spec = spec
         self.batch_size = batch_size
+        self.side_bytes = side_bytes
         self.slots = slots
         self.workers = workers
 
     @classmethod
     def of(cls, ring: BatchRing) -> "RingHandle":
-        return cls(ring.memory.fd, ring.memory.size, ring.layout.spec, ring.layout.batch_size, ring.slots, ring.workers)
+        layout = ring.layout
+        return cls(ring.memory.fd, ring.memory.size, layout.spec, layout.batch_size, layout.side_bytes, ring.slots,
+                   ring.workers)
 
-    def __reduce__(self):  # type: ignore[override]
-        from multiprocessing import reduction
+    def to_json(self) -> dict[str, Any]:
+        return {"fd": self.fd, "size": self.size, "spec": self.spec.to_json(), "batch_size": self.batch_size,
+                "side_bytes": self.side_bytes, "slots": self.slots, "workers": self.workers}
 
-        return (
-            _rebuild_handle,
-            (reduction.DupFd(self.fd), self.size, self.spec.to_json(), self.batch_size, self.slots, self.workers),
-        )
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "RingHandle":
+        return cls(d["fd"], d["size"], Spec.from_json(d["spec"]), d["batch_size"], d["side_bytes"], d["slots"],
+                   d["workers"])
 
     def attach(self) -> BatchRing:
-        layout = RingLayout(self.spec, self.batch_size)
+        layout = RingLayout(self.spec, self.batch_size, self.side_bytes)
         return BatchRing(layout, self.slots, self.workers, RingMemory(self.fd, self.size))
 
 
-def _rebuild_handle(dupfd, size, spec_json, batch_size, slots, workers) -> RingHandle:  # type: ignore[no-untyped-def]
-    return RingHandle(dupfd.detach(), size, Spec.from_json(spec_json), batch_size, slots, workers)
+RING_MEMORY_SHARE = 0.8  # refuse a ring larger than this share of the memory left
+
+
+def check_ring_memory(layout: RingLayout, slots: int, workers: int) -> None:
+    """Refuse, naming ``ring_slots`` and what fits, a ring the memory left cannot hold (no SIGBUS later)."""
+    need = BatchRing.size_for(layout, slots, workers)
+    budget = memory_budget()
+    if need > RING_MEMORY_SHARE * budget.available:
+        fits = int(RING_MEMORY_SHARE * budget.available // layout.slot_bytes)
+        raise SettingError(
+            "ring_slots", f"the batch ring needs {fmt_bytes(need)} ({slots} slots x {fmt_bytes(layout.slot_bytes)} "
+                          f"per batch of batch_size={layout.batch_size}), but {budget.source} leaves "
+                          f"{fmt_bytes(budget.available)}: use ring_slots <= {max(fits, 0)} or a smaller "
+                          f"batch_size, or raise the memory limit")

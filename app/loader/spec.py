@@ -1,8 +1,11 @@
 """The batch layout: which fields a batch has, their dtype and per-sample shape.
 
-A spec is declared by the user or inferred from the first sample and then
-enforced for every sample. Variable-length fields are padded along their first
-axis to a declared capacity and get a ``<name>_len`` field holding the length.
+A spec is declared by the user or inferred from the first samples and then
+enforced for every sample. Tensor fields live in the shared-memory ring;
+variable-length ones are padded along their first axis to a capacity and get a
+``<name>_len`` field holding the length. Fields that cannot be tensors — kinds
+``text`` (str), ``json`` (any JSON value) and ``bytes`` — travel beside the
+slot, encoded without pickle, and reach the loop as lists (``app.loader.side``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 import numpy as np
 
 LENGTH_SUFFIX = "_len"
+SIDE_KINDS = ("text", "json", "bytes")  # fields that travel beside the slot as plain data
 
 
 class SampleRejected(Exception):
@@ -27,6 +31,8 @@ class SampleRejected(Exception):
 
 @dataclass(frozen=True)
 class Field:
+    """One field of a batch: its dtype, per-sample shape, the sample key it reads, padding."""
+
     name: str
     dtype: str
     shape: tuple[int, ...] = ()
@@ -35,14 +41,27 @@ class Field:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
-        object.__setattr__(self, "dtype", np.dtype(self.dtype).str)
         object.__setattr__(self, "source", self.source or self.name)
+        if self.dtype in SIDE_KINDS:
+            if self.shape or self.variable:
+                raise ValueError(f"spec field {self.name!r}: a {self.dtype} field has no shape; it arrives as a list")
+            return
+        try:
+            object.__setattr__(self, "dtype", np.dtype(self.dtype).str)
+        except TypeError:
+            raise ValueError(f"spec field {self.name!r}: {self.dtype!r} is neither a numpy dtype nor one of "
+                             f"{', '.join(SIDE_KINDS)}") from None
         if np.dtype(self.dtype).hasobject:
             raise ValueError(f"spec field {self.name!r}: object dtypes cannot live in shared memory")
         if any(d < 0 for d in self.shape):
             raise ValueError(f"spec field {self.name!r}: negative dimension in shape {self.shape}")
         if self.variable and (not self.shape or self.shape[0] < 1):
             raise ValueError(f"spec field {self.name!r}: a variable field needs a capacity, shape=(capacity, ...)")
+
+    @property
+    def side(self) -> bool:
+        """It travels beside the slot (text, json, bytes), not as a tensor."""
+        return self.dtype in SIDE_KINDS
 
     @cached_property
     def np_dtype(self) -> np.dtype:
@@ -138,6 +157,8 @@ def _next_pow2(n: int) -> int:
 
 @dataclass(frozen=True)
 class Spec:
+    """The batch layout: every field a batch holds, declared or inferred, then enforced."""
+
     fields: tuple[Field, ...]
 
     def __post_init__(self) -> None:
@@ -154,8 +175,16 @@ class Spec:
         return {f.source for f in self.fields}
 
     @property
+    def tensor_fields(self) -> tuple[Field, ...]:
+        return tuple(f for f in self.fields if not f.side)
+
+    @property
+    def side_fields(self) -> tuple[Field, ...]:
+        return tuple(f for f in self.fields if f.side)
+
+    @property
     def sample_bytes(self) -> int:
-        return sum(f.nbytes + (4 if f.variable else 0) for f in self.fields)
+        return sum(f.nbytes + (4 if f.variable else 0) for f in self.tensor_fields)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [f.to_json() for f in self.fields]
@@ -189,18 +218,73 @@ class Spec:
         return cls(tuple(spec))
 
     @classmethod
-    def infer(cls, sample: Mapping[str, Any]) -> "Spec":
-        """Fixed shapes from the first sample; text and bytes become variable fields."""
+    def infer(cls, samples: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+              capacities: Mapping[str, int] | None = None) -> "Spec":
+        """The layout the given samples share (see ``infer_field``); ``capacities`` bound variable fields."""
+        if isinstance(samples, Mapping):
+            samples = [samples]
+        first = samples[0]
         fields = []
-        for key, value in sample.items():
+        for key in first:
             if key.startswith("__"):
                 continue
-            try:
-                arr = as_array(value)
-            except TypeError as exc:
-                raise ValueError(f"cannot infer a spec for field {key!r}: {exc}; pass spec=") from None
-            if isinstance(value, (str, bytes, bytearray, memoryview)):
-                fields.append(Field(key, "uint8", (max(64, _next_pow2(2 * len(arr))),), variable=True))
-            else:
-                fields.append(Field(key, arr.dtype.str, arr.shape))
+            values = [s[key] for s in samples if key in s]
+            fields.append(infer_field(key, values, (capacities or {}).get(key, 0)))
         return cls(tuple(sorted(fields, key=lambda f: f.name)))
+
+
+def _is_image(value: Any) -> bool:
+    return hasattr(value, "getbands") and hasattr(value, "size")
+
+
+def _side_kind(key: str, value: Any) -> str | None:
+    ext = key.rsplit(".", 1)[-1]
+    if ext in ("json", "jsn"):
+        return "json"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "bytes"
+    if value is None or isinstance(value, (list, tuple)) or (
+            isinstance(value, dict) and not any(isinstance(v, np.ndarray) for v in value.values())):
+        return "json"
+    return None
+
+
+def infer_field(key: str, values: Sequence[Any], capacity: int = 0) -> Field:
+    """One field from its values in several samples.
+
+    Strings become ``text``, bytes ``bytes``, JSON members and other dicts/lists ``json``;
+    everything else must be an array of one dtype. Arrays of one shape make a fixed field;
+    1-D arrays of several lengths a variable one, with room for 1.25x the longest seen (or
+    ``capacity``, the longest member the shard indexes know of), rounded up to a power of two.
+    Images or arrays of several shapes cannot be batched: refused, with the fix named.
+    """
+    kinds = {_side_kind(key, v) for v in values}
+    if len(kinds) > 1:
+        raise ValueError(f"field {key!r} holds values of different kinds in different samples "
+                         f"({', '.join(sorted(str(k or 'array') for k in kinds))}); pass spec= to say which")
+    kind = kinds.pop()
+    if kind is not None:
+        return Field(key, kind)
+    try:
+        arrays = [as_array(v) for v in values]
+    except TypeError as exc:
+        raise ValueError(f"cannot infer a spec for field {key!r}: {exc}; pass spec=") from None
+    dtypes = {a.dtype.str for a in arrays}
+    if len(dtypes) > 1:
+        raise ValueError(f"field {key!r} has dtypes {sorted(dtypes)} in different samples; declare one in spec=")
+    shapes = sorted({a.shape for a in arrays})
+    if len(shapes) == 1:
+        return Field(key, arrays[0].dtype.str, shapes[0])
+    if all(len(sh) == 1 for sh in shapes) and not any(_is_image(v) for v in values):
+        longest = max(max(sh[0] for sh in shapes), capacity)
+        return Field(key, arrays[0].dtype.str, (_next_pow2(max(64, int(longest * 1.25))),), variable=True)
+    seen = ", ".join("x".join(map(str, sh)) for sh in shapes[:4])
+    if any(_is_image(v) for v in values):
+        raise ValueError(
+            f"field {key!r} holds images of different sizes ({seen}, ...): a batch needs one size. Add a transform "
+            f"that resizes or crops them, e.g. transform=RandomResizedCrop(224, fields=[{key!r}]) "
+            f"(app.formats.transforms), or declare the field in spec= with a transform that fits it")
+    raise ValueError(f"field {key!r} has arrays of different shapes ({seen}, ...); a batch needs one shape: "
+                     f"make them one shape in a transform, or declare a variable field in spec=")

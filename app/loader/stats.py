@@ -1,7 +1,8 @@
 """The loader's own statistics, named after the metrics they become (DESIGN.md, Metrics).
 
-Updated by the trainer process only (workers send their counters with each
-batch), read by ``StagingLoader.stats()`` and by the metrics exporter.
+Updated in the trainer process only (workers send their counters with each
+batch); read by ``StagingLoader.stats()``, and pushed as they happen to the
+sink the loader was given (``app.sink.StatsSink``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .messages import ERROR_REASONS
+from ..sink import NullSink, StatsSink
+from .messages import ERROR_REASONS, RESTART_REASONS
 
 QUEUES = ("free", "decoded", "device")
 BYTE_STAGES = ("read", "decoded", "transferred")
@@ -90,18 +92,30 @@ class LoaderStats:
     h2d_seconds: Histogram = field(default_factory=Histogram)
     h2d_wait_seconds_total: float = 0.0
     sample_errors_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_REASONS, 0))
-    worker_restarts_total: int = 0
+    worker_restarts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESTART_REASONS, 0))
     decode_seconds_total: float = 0.0
     epoch: int = -1
 
+    @property
+    def worker_restarts_total(self) -> int:
+        return sum(self.worker_restarts.values())
+
 
 class StatsRecorder:
-    """The live counters behind ``LoaderStats``; every update takes one short lock."""
+    """The loader's one funnel for statistics: keeps ``LoaderStats`` and pushes each event to the sink.
 
-    def __init__(self, window_seconds: float = 30.0):
+    Every update takes one short lock; the sink is called outside it.
+    """
+
+    def __init__(self, window_seconds: float = 30.0, sink: StatsSink | None = None):
         self._lock = threading.Lock()
         self._s = LoaderStats()
         self._window = StarvationWindow(window_seconds)
+        self._sink: StatsSink = sink if sink is not None else NullSink()
+
+    @property
+    def window_seconds(self) -> float:
+        return self._window.seconds
 
     def step(self, wait: float, step: float | None) -> None:
         with self._lock:
@@ -111,6 +125,11 @@ class StatsRecorder:
             if step is not None:
                 s.step_seconds_total += step
             self._window.add(time.monotonic(), wait, step or 0.0)
+        sink = self._sink
+        sink.inc("data_wait_seconds_total", wait)
+        sink.observe("data_wait_seconds", wait)
+        if step is not None:
+            sink.inc("step_seconds_total", step)
 
     def batch_done(self, samples: int, read: int, decoded: int, decode_ns: int, errors: tuple[int, ...]) -> None:
         with self._lock:
@@ -121,6 +140,13 @@ class StatsRecorder:
             s.decode_seconds_total += decode_ns / 1e9
             for reason, n in zip(ERROR_REASONS, errors):
                 s.sample_errors_total[reason] += n
+        sink = self._sink
+        sink.inc("samples_total", samples)
+        sink.inc("bytes_total", read, stage="read")
+        sink.inc("bytes_total", decoded, stage="decoded")
+        for reason, n in zip(ERROR_REASONS, errors):
+            if n:
+                sink.inc("sample_errors_total", n, reason=reason)
 
     def transferred(self, nbytes: int, seconds: float | None) -> None:
         with self._lock:
@@ -128,18 +154,41 @@ class StatsRecorder:
             self._s.batches_total += 1
             if seconds is not None:
                 self._s.h2d_seconds.observe(seconds)
+        self._sink.inc("bytes_total", nbytes, stage="transferred")
+        if seconds is not None:
+            self._sink.observe("h2d_seconds", seconds)
 
     def h2d_wait(self, seconds: float) -> None:
         with self._lock:
             self._s.h2d_wait_seconds_total += seconds
+        self._sink.inc("h2d_wait_seconds_total", seconds)
 
-    def worker_restarted(self) -> None:
+    def worker_restarted(self, reason: str) -> None:
         with self._lock:
-            self._s.worker_restarts_total += 1
+            self._s.worker_restarts[reason] += 1
+        self._sink.inc("worker_restarts_total", reason=reason)
+
+    def configured(self, transfer_threads: int) -> None:
+        """What the loader runs with, as set or as ``auto`` chose it (the workers show in their states)."""
+        self._sink.set("transfer_threads", transfer_threads)
 
     def set_epoch(self, epoch: int) -> None:
         with self._lock:
             self._s.epoch = epoch
+        self._sink.set("loader_epoch", epoch)
+
+    def report_gauges(self, queue_depth: dict[str, int], queue_capacity: dict[str, int],
+                      workers: dict[str, int]) -> None:
+        """Push the current queue depths, worker states and starvation ratio to the sink."""
+        with self._lock:
+            ratio = self._window.ratio()
+        sink = self._sink
+        sink.set("gpu_starvation_ratio", ratio)
+        for q in QUEUES:
+            sink.set("queue_depth", queue_depth.get(q, 0), queue=q)
+            sink.set("queue_capacity", queue_capacity.get(q, 0), queue=q)
+        for state, n in workers.items():
+            sink.set("workers", n, state=state)
 
     def snapshot(self, queue_depth: dict[str, int], queue_capacity: dict[str, int],
                  workers: dict[str, int]) -> LoaderStats:
@@ -159,7 +208,7 @@ class StatsRecorder:
                 h2d_seconds=s.h2d_seconds.copy(),
                 h2d_wait_seconds_total=s.h2d_wait_seconds_total,
                 sample_errors_total=dict(s.sample_errors_total),
-                worker_restarts_total=s.worker_restarts_total,
+                worker_restarts=dict(s.worker_restarts),
                 decode_seconds_total=s.decode_seconds_total,
                 epoch=s.epoch,
             )

@@ -11,17 +11,22 @@ import logging
 import mmap
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..formats.shard_index import Sample, ShardError, load_index
 
 log = logging.getLogger("feedline.loader")
+T = TypeVar("T")
 
 
 @dataclass
 class OpenShard:
+    """A mapped shard and how many of its samples are still to be read (then it is unmapped)."""
+
     path: str
+    ordinal: int  # its place in the worker's shard list
     mm: mmap.mmap | None
     samples: list[Sample]
     pending: int  # samples of this shard not yet finished
@@ -42,9 +47,12 @@ class OpenShard:
 
 @dataclass
 class SampleRef:
+    """A sample to read: where it is, never its bytes."""
+
     pos: int  # position in the stream (after shuffling), 0-based
     shard: OpenShard
     sample: Sample
+    index: int  # its place among the shard's samples
 
 
 @dataclass
@@ -59,11 +67,14 @@ class ShardProblem:
 EAGER_OPEN = 256  # shards a worker opens as soon as its epoch starts
 
 
-def open_ahead(shards: list[str]) -> dict[str, int]:
+def open_ahead(shards: list[str] | tuple[str, ...],
+               on_open: Callable[[int], None] | None = None) -> dict[str, int]:
     """Open the epoch's first shards at once: a shard evicted later in the epoch still reads whole
     (POSIX unlink semantics); only one evicted between the snapshot and this moment is lost."""
     fds = {}
-    for path in shards[:EAGER_OPEN]:
+    for ordinal, path in enumerate(shards[:EAGER_OPEN]):
+        if on_open is not None:
+            on_open(ordinal)
         try:
             fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -71,7 +82,7 @@ def open_ahead(shards: list[str]) -> dict[str, int]:
     return fds
 
 
-def _open(path: str, fd: int | None) -> OpenShard | ShardProblem:
+def _open(path: str, ordinal: int, fd: int | None) -> OpenShard | ShardProblem:
     if fd is None:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -88,38 +99,67 @@ def _open(path: str, fd: int | None) -> OpenShard | ShardProblem:
         return ShardProblem(path, "bad_shard", f"shard {path}: cannot map: {exc}; skipped")
     finally:
         os.close(fd)  # the mapping keeps the file
-    return OpenShard(path, mm, index.samples, len(index.samples))
+    return OpenShard(path, ordinal, mm, index.samples, len(index.samples))
 
 
-def sample_stream(shards: list[str], buffer_size: int, seed: str,
-                  fds: dict[str, int] | None = None) -> Iterator[SampleRef | ShardProblem]:
+def shuffle_order(groups: Iterable[list[T] | ShardProblem], buffer_size: int, seed: str) -> Iterator[T | ShardProblem]:
+    """Items of consecutive groups (a shard's samples) through a seeded shuffle buffer of ``buffer_size``.
+
+    The one shuffle of the project: the workers' streams use it, and so does the replay that finds,
+    from a saved state, which samples an interrupted epoch had delivered. A ``ShardProblem`` in
+    place of a group passes straight through.
+    """
+    rng = random.Random(seed)
+    buffer: list[T] = []
+    for group in groups:
+        if isinstance(group, ShardProblem):
+            yield group
+            continue
+        for item in group:
+            if buffer_size <= 1:
+                yield item
+            elif len(buffer) < buffer_size:
+                buffer.append(item)
+            else:
+                k = rng.randrange(len(buffer))
+                out, buffer[k] = buffer[k], item
+                yield out
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: str,
+                  fds: dict[str, int] | None = None, on_open: Callable[[int], None] | None = None,
+                  skip: Mapping[int, Collection[int]] | None = None) -> Iterator[SampleRef | ShardProblem]:
     """Shards in the given order, samples through a seeded shuffle buffer of ``buffer_size``.
 
     ``fds`` are descriptors opened ahead (``open_ahead``); the stream closes each one it reaches.
+    ``on_open(ordinal)`` is told before each shard is opened (a hung filesystem hangs there).
+    ``skip`` leaves out, per shard ordinal, the sample indexes delivered before an elastic resume.
     """
-    rng = random.Random(seed)
-    buffer: list[tuple[OpenShard, Sample]] = []
-    pos = 0
     fds = fds if fds is not None else {}
-    for path in shards:
-        opened = _open(path, fds.pop(path, None))
-        if isinstance(opened, ShardProblem):
-            yield opened
-            continue
-        for sample in opened.samples:
-            if buffer_size <= 1:
-                yield SampleRef(pos, opened, sample)
-                pos += 1
+    skip = skip or {}
+
+    def groups() -> Iterator[list[tuple[OpenShard, Sample, int]] | ShardProblem]:
+        for ordinal, path in enumerate(shards):
+            if on_open is not None:
+                on_open(ordinal)
+            opened = _open(path, ordinal, fds.pop(path, None))
+            if isinstance(opened, ShardProblem):
+                yield opened
                 continue
-            if len(buffer) < buffer_size:
-                buffer.append((opened, sample))
-                continue
-            i = rng.randrange(len(buffer))
-            shard, out = buffer[i]
-            buffer[i] = (opened, sample)
-            yield SampleRef(pos, shard, out)
+            left = skip.get(ordinal, ())
+            group = [(opened, sample, i) for i, sample in enumerate(opened.samples) if i not in left]
+            opened.pending = len(group)
+            if not group:
+                opened.pending = 1
+                opened.release()  # nothing of it is read: unmap now
+            yield group
+
+    pos = 0  # stream positions count samples; problems take none
+    for item in shuffle_order(groups(), buffer_size, seed):
+        if isinstance(item, ShardProblem):
+            yield item
+        else:
+            yield SampleRef(pos, *item)
             pos += 1
-    rng.shuffle(buffer)
-    for shard, out in buffer:
-        yield SampleRef(pos, shard, out)
-        pos += 1

@@ -19,8 +19,12 @@ from typing import Any
 
 import torch
 
-from .pool import EpochEnd, LoaderError, ReadyBatch, WorkerPool
+from . import side
+from .buffers import BufferPool
+from .errors import LoaderError
+from .pool import WorkerPool
 from .ring import BatchRing
+from .scheduler import EpochEnd, ReadyBatch
 from .stats import StatsRecorder
 
 log = logging.getLogger("feedline.loader")
@@ -28,20 +32,23 @@ log = logging.getLogger("feedline.loader")
 
 @dataclass
 class DeviceBatch:
+    """A batch ready for the loop: its tensors, and what to release or wait on when it is taken."""
+
     epoch: int
     seq: int
     tensors: dict[str, torch.Tensor]
+    extra: dict[str, list[Any]]  # the side fields: keys, text, JSON, bytes
+    origin: tuple[int, int, int]  # (worker, its batch number, its stream position after it): the resume cursor
     slot: int | None = None  # held until the consumer moves on (zero-copy)
     event: Any = None  # CUDA event the consumer's stream waits on
 
 
 class DeviceQueue:
-    """Batches ready for the training loop, handed out in sequence order."""
+    """Batches ready for the training loop, handed out in sequence order (they hold no ring slot)."""
 
-    def __init__(self, capacity: int, in_order: bool, release: Any):
+    def __init__(self, capacity: int, in_order: bool):
         self.capacity = capacity
         self._in_order = in_order
-        self._release = release
         self._cv = threading.Condition()
         self._items: dict[int, DeviceBatch] = {}
         self._epoch = -1
@@ -52,22 +59,17 @@ class DeviceQueue:
 
     def start_epoch(self, epoch: int) -> None:
         with self._cv:
-            for item in self._items.values():
-                if item.slot is not None:
-                    self._release(item.slot)
             self._items.clear()
             self._epoch, self._next, self._end = epoch, 0, None
             self._cv.notify_all()
 
     def put(self, item: DeviceBatch) -> bool:
-        """Blocks while the window is full; False if the item is stale (its slot is released)."""
+        """Blocks while the window is full; False if the item is stale (dropped)."""
         with self._cv:
             while (item.epoch == self._epoch and not self._closed and self._error is None
                    and item.seq >= self._next + self.capacity):
                 self._cv.wait(0.5)
             if item.epoch != self._epoch or self._closed:
-                if item.slot is not None:
-                    self._release(item.slot)
                 return False
             self._items[item.seq] = item
             self._cv.notify_all()
@@ -112,9 +114,16 @@ class DeviceQueue:
             return len(self._items)
 
 
-def slot_tensors(ring: BatchRing, slot: int, samples: int) -> dict[str, torch.Tensor]:
-    """Tensors viewing the first ``samples`` rows of a slot (no copy)."""
-    return {name: torch.from_numpy(arr[:samples]) for name, arr in ring.slot(slot).items()}
+def origin(item: ReadyBatch) -> tuple[int, int, int]:
+    return item.worker, item.batch, item.stream_pos
+
+
+def read_slot(ring: BatchRing, slot: int, samples: int) -> tuple[dict[str, torch.Tensor], dict[str, list[Any]], int]:
+    """(tensors viewing the first ``samples`` rows of a slot — no copy —, its side fields as lists, bytes)."""
+    views = ring.slot(slot)
+    tensors = {name: torch.from_numpy(views[name][:samples]) for name in ring.layout.tensor_names}
+    extra, side_bytes = side.read(views, samples, ring.layout.side_fields)
+    return tensors, extra, sum(t.nbytes for t in tensors.values()) + side_bytes
 
 
 class DirectHandOff:
@@ -146,9 +155,9 @@ class DirectHandOff:
             if item.epoch != self._epoch:
                 self._pool.release(item.slot)
                 continue
-            tensors = slot_tensors(self._ring, item.slot, item.samples)
-            self._stats.transferred(sum(t.nbytes for t in tensors.values()), None)
-            return DeviceBatch(item.epoch, item.seq, tensors, slot=item.slot)
+            tensors, extra, nbytes = read_slot(self._ring, item.slot, item.samples)
+            self._stats.transferred(nbytes, None)
+            return DeviceBatch(item.epoch, item.seq, tensors, extra, origin(item), slot=item.slot)
 
     def depth(self) -> int:
         return 0
@@ -167,12 +176,21 @@ class TransferStage:
         self._queue = queue
         self._stats = stats
         self._device = device
+        self._buffers: BufferPool | None = None
+        if device.type == "cpu":  # copies the loop may keep, into buffers recycled once it let go of them
+            full = ring.slot(0)
+            shapes = {n: (tuple(full[n].shape), torch.from_numpy(full[n][:0]).dtype) for n in ring.layout.tensor_names}
+            self._buffers = BufferPool(shapes, keep=queue.capacity + threads + 2)
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, name=f"feedline-transfer-{i}", daemon=True) for i in range(threads)
         ]
         for t in self._threads:
             t.start()
+
+    def stop(self) -> None:
+        """Ask the threads to finish their current batch and exit (``close`` waits for them)."""
+        self._stop.set()
 
     def close(self) -> None:
         self._stop.set()
@@ -200,8 +218,7 @@ class TransferStage:
                 self._queue.fail(exc)
 
     def _move(self, item: ReadyBatch, stream: Any) -> None:
-        views = slot_tensors(self._ring, item.slot, item.samples)
-        nbytes = sum(t.nbytes for t in views.values())
+        views, extra, nbytes = read_slot(self._ring, item.slot, item.samples)
         if stream is not None:
             # blocking=True: the thread sleeps in synchronize() instead of spinning a core
             start = torch.cuda.Event(enable_timing=True)
@@ -210,13 +227,14 @@ class TransferStage:
                 start.record(stream)
                 tensors = {k: v.to(self._device, non_blocking=True) for k, v in views.items()}
                 done.record(stream)
-            self._queue.put(DeviceBatch(item.epoch, item.seq, tensors, event=done))
+            self._queue.put(DeviceBatch(item.epoch, item.seq, tensors, extra, origin(item), event=done))
             done.synchronize()  # blocks this thread only; the slot is reusable once the copy landed
             self._pool.release(item.slot)
             self._stats.transferred(nbytes, start.elapsed_time(done) / 1000.0)
         else:
             t0 = time.perf_counter()
-            tensors = {k: v.clone() for k, v in views.items()}
+            assert self._buffers is not None
+            tensors = self._buffers.copy(views)
             self._pool.release(item.slot)
             self._stats.transferred(nbytes, time.perf_counter() - t0)
-            self._queue.put(DeviceBatch(item.epoch, item.seq, tensors))
+            self._queue.put(DeviceBatch(item.epoch, item.seq, tensors, extra, origin(item)))

@@ -1,14 +1,16 @@
 """The worker process: read members, decode, transform, write straight into a ring slot.
 
-A worker serves one command at a time from its pipe. It keeps the stream
-position it is decoding in the ring's status table, so that when it dies the
-trainer knows which sample was in hand and a replacement can resume exactly
-after the last batch it delivered.
+A worker serves one command at a time from its pipe. It keeps the sample it is
+decoding (stream position, shard, index) in the ring's status table, so that
+when it dies or stalls the trainer knows which sample was in hand, and a
+replacement can resume exactly after the last batch it delivered. On SIGUSR1
+it writes every thread's Python stack to the stack pipe (``faulthandler``),
+which is how the trainer shows where a stalled worker hangs.
 """
 
 from __future__ import annotations
 
-import ctypes
+import faulthandler
 import hashlib
 import logging
 import os
@@ -24,10 +26,23 @@ from typing import Any
 import numpy as np
 
 from ..formats.decoders import DecodeError, Decoder
-from ..formats.shard_index import Sample
-from .messages import DONE, END, EPOCH, ERROR_REASONS, FILL, STOP, BatchResult, decode_fill, decode_json, encode_fatal
-from .plan import stream_seed
-from .ring import BatchRing, RingHandle
+from .messages import (
+    DONE,
+    END,
+    EPOCH,
+    ERROR_REASONS,
+    FILL,
+    READY,
+    STOP,
+    BatchResult,
+    decode_epoch,
+    decode_fill,
+    encode_fatal,
+)
+from .plan import WorkerPlan
+from .ring import IDLE, OPENING, SKIPPING, STATUS_KEY_BYTES, BatchRing, RingHandle
+from .sample import FieldSelection, load_sample
+from .side import SideWriter
 from .spec import SampleRejected, fill
 from .stream import SampleRef, ShardProblem, open_ahead, sample_stream
 
@@ -36,45 +51,80 @@ _REASON = {r: i for i, r in enumerate(ERROR_REASONS)}
 _LOG_FIRST = 5  # per reason and epoch; the counters carry the rest
 
 
-@dataclass
-class WorkerArgs:
-    worker_id: int
-    conn: Connection
-    ring: RingHandle
+STACK_SIGNAL = signal.SIGUSR1  # the trainer asks a stalled worker for its stack with this
+
+
+@dataclass(frozen=True)
+class WorkerCode:
+    """The user's code a worker runs — decoders, field selection, transform — pickled once by the launcher."""
+
     decoder: Decoder
+    selection: FieldSelection
     transform: Callable[[dict[str, Any]], dict[str, Any]] | None
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """A worker's plain settings: the ring it maps and how it reads (JSON on its command line)."""
+
+    ring: RingHandle
     shuffle_buffer: int
     drop_last: bool
     log_level: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ring": self.ring.to_json(), "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last,
+                "log_level": self.log_level}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "WorkerSetup":
+        return cls(RingHandle.from_json(d["ring"]), d["shuffle_buffer"], d["drop_last"], d["log_level"])
+
+
+@dataclass
+class WorkerArgs:
+    """One worker: its number, its pipe to the trainer, where its stack goes on STACK_SIGNAL, what it runs."""
+
+    worker_id: int
+    conn: Connection
+    stack_fd: int
+    setup: WorkerSetup
+    code: WorkerCode
 
 
 class _Epoch:
     """One epoch's stream and the counters of the batch being filled."""
 
-    def __init__(self, plan: dict[str, Any], shuffle_buffer: int):
-        self.epoch: int = plan["epoch"]
-        self.poison = set(plan.get("poison", ()))
-        seed = stream_seed(plan["seed"], plan["epoch"], plan["rank"], plan["worker"])
-        self.fds = open_ahead(plan["shards"])
-        self.stream: Iterator[SampleRef | ShardProblem] = sample_stream(plan["shards"], shuffle_buffer, seed,
-                                                                         self.fds)
+    def __init__(self, plan: WorkerPlan, shuffle_buffer: int, status: np.ndarray):
+        self.epoch = plan.epoch
+        self.poison = set(plan.poison)
+        self.status = status
+        seed = plan.stream_seed
+        self.fds = open_ahead(plan.shards, self._opening)
+        self.stream: Iterator[SampleRef | ShardProblem] = sample_stream(plan.shards, shuffle_buffer, seed, self.fds,
+                                                                         self._opening, plan.skip)
         self.pos = 0  # samples consumed
         self.done = False
         self.logged: dict[str, int] = {}
         # transforms draw from `random` and `np.random`: seed both from the stream, reproducibly
         random.seed(seed)
         np.random.seed(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:4], "little"))
-        self._skip_to(int(plan.get("resume", 0)))
+        self._skip_to(plan.resume)
+
+    def _opening(self, ordinal: int) -> None:
+        self.status[:] = (self.epoch, OPENING, ordinal, -1)
 
     def _skip_to(self, resume: int) -> None:
         while self.pos < resume:
             item = next(self.stream, None)
             if item is None:
                 self.done = True
-                return
+                break
             if isinstance(item, SampleRef):
                 item.shard.release()
                 self.pos += 1
+                self.status[:] = (self.epoch, SKIPPING, item.shard.ordinal, self.pos)  # progress, for the trainer
+        self.status[1] = IDLE
 
     def close(self) -> None:
         """Close the descriptors this epoch opened ahead and never reached (it was abandoned)."""
@@ -90,16 +140,24 @@ class _Epoch:
 
 
 class Worker:
+    """Serves fill commands for one epoch at a time; owns its mapping of the ring."""
+
     def __init__(self, args: WorkerArgs):
         self.args = args
-        self.ring: BatchRing = args.ring.attach()
-        self.fields = self.ring.layout.fields
-        self.sources = self.ring.layout.spec.sources
-        self.wanted = self.sources if args.transform is None else None
+        self.setup, self.code = args.setup, args.code
+        self.ring: BatchRing = args.setup.ring.attach()
+        self.status = self.ring.status[args.worker_id]
+        self.status_key = self.ring.status_keys[args.worker_id]
+        layout = self.ring.layout
+        self.fields = layout.fields
+        self.side = SideWriter(layout.side_fields, layout.side_bytes)
+        self.sources = layout.spec.sources
+        self.wanted = self.sources if args.code.transform is None else None
         self.epoch: _Epoch | None = None
 
     def serve(self) -> None:
         conn = self.args.conn
+        conn.send_bytes(READY)
         while True:
             try:
                 msg = conn.recv_bytes()
@@ -115,7 +173,7 @@ class Worker:
             elif kind == EPOCH:
                 if self.epoch is not None:
                     self.epoch.close()
-                self.epoch = _Epoch(decode_json(msg), self.args.shuffle_buffer)
+                self.epoch = _Epoch(decode_epoch(msg), self.setup.shuffle_buffer, self.status)
             elif kind == STOP:
                 return
 
@@ -128,10 +186,11 @@ class Worker:
         ep = self.epoch
         assert ep is not None
         views = self.ring.slot(slot)
-        status = self.ring.status[self.args.worker_id]
+        status, status_key = self.status, self.status_key
         batch_size = self.ring.layout.batch_size
         errors = [0] * len(ERROR_REASONS)
         n = read_bytes = decoded_bytes = 0
+        self.side.begin()
         t0 = time.perf_counter_ns()
         while n < batch_size and not ep.done:
             item = next(ep.stream, None)
@@ -142,14 +201,16 @@ class Worker:
                 errors[_REASON[item.reason]] += 1
                 ep.note(item.reason, item.message)
                 continue
-            pos = ep.pos
-            ep.pos += 1
+            pos = item.pos
+            ep.pos = pos + 1
             if pos in ep.poison:
                 item.shard.release()
                 errors[_REASON["worker_crash"]] += 1
                 ep.note("worker_crash", f"{item.shard.path} sample {item.sample.key!r} crashed a worker twice; skipped")
                 continue
-            status[0], status[1] = ep.epoch, pos
+            status[:] = (ep.epoch, pos, item.shard.ordinal, item.index)
+            key = item.sample.key.encode()[: STATUS_KEY_BYTES - 1]
+            status_key[: len(key) + 1] = np.frombuffer(key + b"\0", np.uint8)
             try:
                 r, d = self._write_sample(item, views, n)
                 read_bytes += r
@@ -163,65 +224,36 @@ class Worker:
                 ep.note("corrupt", f"{item.shard.path} sample {item.sample.key!r}: {exc}; skipped")
             except Exception as exc:  # a decoder or the user's transform failed on this sample
                 errors[_REASON["corrupt"]] += 1
-                ep.note("corrupt", f"{item.shard.path} sample {item.sample.key!r}: {type(exc).__name__}: {exc}; skipped")
+                ep.note("corrupt", f"{item.shard.path} sample {item.sample.key!r}: {type(exc).__name__}: {exc}; "
+                                   f"skipped")
             finally:
                 item.shard.release()
-        status[1] = -1
+                status[1] = IDLE
         elapsed = time.perf_counter_ns() - t0
-        if n == 0 or (n < batch_size and self.args.drop_last):
+        if n == 0 or (n < batch_size and self.setup.drop_last):
             return self._result(END, ep.epoch, slot, batch, 0, errors, elapsed, read_bytes, 0)
         return self._result(DONE, ep.epoch, slot, batch, n, errors, elapsed, read_bytes, decoded_bytes)
 
     def _write_sample(self, item: SampleRef, views: dict[str, Any], i: int) -> tuple[int, int]:
         data = item.shard.view()
         try:
-            sample, read = load_sample(data, item.shard.path, item.sample, self.args.decoder, self.wanted,
-                                       self.args.transform, self.sources)
+            sample, read = load_sample(data, item.shard.path, item.sample, self.code.decoder,
+                                       self.code.selection, self.wanted, self.code.transform, self.sources)
             written = 0
             for f in self.fields:
                 written += fill(f, views[f.name], sample[f.source], views.get(f.length_name), i)
+            written += self.side.write(views, i, item.sample.key, sample)  # last: it packs, no gaps on a reject
             sample.clear()
             return read, written
         finally:
             data.release()
 
 
-def load_sample(data: memoryview, path: str, ref: Sample, decoder: Decoder, wanted: set[str] | None,
-                transform: Callable[[dict[str, Any]], dict[str, Any]] | None,
-                sources: set[str]) -> tuple[dict[str, Any], int]:
-    """Decode (only the wanted members) and transform one sample; (sample, bytes read)."""
-    sample: dict[str, Any] = {"__key__": ref.key, "__shard__": path}
-    read = 0
-    for ext, (off, size) in ref.fields.items():
-        if wanted is None or ext in wanted:
-            sample[ext] = decoder(ext, data[off : off + size])
-            read += size
-    if transform is not None:
-        sample = transform(sample)
-        if not isinstance(sample, dict):
-            raise TypeError(f"the transform returned a {type(sample).__name__}, not a dict")
-    missing = sources.difference(sample)
-    if missing:
-        have = sorted(k for k in sample if not k.startswith("__"))
-        raise SampleRejected("missing_field", f"has no field {sorted(missing)} (it has {have})")
-    return sample, read
-
-
-def _die_with_parent() -> None:
-    """Ask the kernel to kill this worker if the trainer dies (even by SIGKILL)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def worker_main(args: WorkerArgs) -> None:
-    """Entry point of a worker process (spawned; never forked after CUDA)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    _die_with_parent()
+    """Serve fill commands until STOP or the trainer goes (``launch.child`` set up the process)."""
+    faulthandler.register(STACK_SIGNAL, file=args.stack_fd, all_threads=True)
     logging.basicConfig(
-        level=args.log_level, stream=sys.stderr,
+        level=args.setup.log_level, stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s feedline.worker[{args.worker_id}] %(message)s",
     )
     worker = Worker(args)
@@ -235,3 +267,5 @@ def worker_main(args: WorkerArgs) -> None:
             pass
     finally:
         worker.ring.close()
+        faulthandler.unregister(STACK_SIGNAL)
+        os.close(args.stack_fd)

@@ -1,1 +1,1 @@
-"""Prometheus metrics."""
+"""Prometheus for the stats the library parts push: the catalog, the sink, the HTTP exporter, the dashboard."""

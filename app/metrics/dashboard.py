@@ -20,6 +20,8 @@ RI = "$__rate_interval"
 
 @dataclass
 class Query:
+    """One PromQL expression on a panel, with its legend."""
+
     expr: str
     legend: str
     optional: bool = False  # only present where an extra exporter runs (DCGM)
@@ -27,6 +29,8 @@ class Query:
 
 @dataclass
 class Panel:
+    """One dashboard panel: what it answers (description), its unit and queries."""
+
     title: str
     description: str
     unit: str
@@ -89,10 +93,13 @@ ROWS: list[tuple[str, list[Panel]]] = [
               [Query(f"max(feedline_loader_epoch{SEL})", "epoch")], width=12),
     ]),
     ("Workers", [
-        Panel("Workers busy / idle", "Decode worker processes holding a slot to fill, or waiting.", "short",
-              [Query(f"sum by (state) (feedline_workers{SEL})", "{{state}}")]),
-        Panel("Worker restarts", "Worker processes replaced after a crash, per second.", "short",
-              [Query(_rate("feedline_worker_restarts_total"), "restarts/s")]),
+        Panel("Workers busy / idle", "Decode worker processes holding a slot to fill, or waiting (their sum: the "
+              "workers set, or what workers=auto chose), and the trainer's transfer threads.", "short",
+              [Query(f"sum by (state) (feedline_workers{SEL})", "{{state}}"),
+               Query(f"sum(feedline_transfer_threads{SEL})", "transfer threads")]),
+        Panel("Worker restarts", "Worker processes replaced per second: crashed (the process died) or stalled "
+              "(no sample decoded for worker_timeout; its stack is in the trainer log).", "short",
+              [Query(_rate("feedline_worker_restarts_total", "reason"), "{{reason}}")]),
         Panel("Sample errors by reason", "Samples skipped (and counted) per second, by reason; the trainer logs "
               "each shard and key.", "short", [Query(_rate("feedline_sample_errors_total", "reason"), "{{reason}}")]),
     ]),
@@ -113,6 +120,11 @@ ROWS: list[tuple[str, list[Panel]]] = [
               right_axis=["fetch p90 (s)"]),
         Panel("Fetch errors by reason", "Failed download attempts per second, retried ones included.", "short",
               [Query(_rate("feedline_fetch_errors_total", "reason"), "{{reason}}")]),
+        Panel("Store health", "Shards waiting for their next try after a failure (none is given up), and 1 while "
+              "the store's circuit breaker is open (several failures of the store in a row: no fetch until its "
+              "cool-down ends).", "short",
+              [Query(f"sum(feedline_fetch_retry_shards{SEL})", "shards waiting"),
+               Query(f"max(feedline_fetch_breaker_open{SEL})", "breaker open")], right_axis=["breaker open"]),
         Panel("Build", "feedline version of each process.", "short",
               [Query(f"sum by (instance, version) (feedline_build_info{SEL})", "{{instance}} {{version}}")],
               kind="table"),

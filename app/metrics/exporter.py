@@ -9,10 +9,13 @@ from __future__ import annotations
 import errno
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from .catalog import MetricDef
+from .sink import PrometheusSink
 
 log = logging.getLogger("feedline.metrics")
 
@@ -22,12 +25,13 @@ class MetricsPortError(RuntimeError):
 
 
 class MetricsServer:
-    """Serves one registry; ``ready()`` returns (ready, reason) for /readyz."""
+    """Serves one registry; ``ready()`` returns (ready, reason) for /readyz (settable once the process is up)."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int,
                  ready: Callable[[], tuple[bool, str]] | None = None, setting: str = "--metrics-port"):
         self.registry = registry
-        ready_fn = ready or (lambda: (True, "ok"))
+        self.ready: Callable[[], tuple[bool, str]] = ready or (lambda: (True, "ok"))
+        server = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -39,7 +43,7 @@ class MetricsServer:
                 elif path == "/healthz":
                     self._send(200, b"ok\n")
                 elif path == "/readyz":
-                    ok, reason = ready_fn()
+                    ok, reason = server.ready()
                     self._send(200 if ok else 503, (reason + "\n").encode())
                 else:
                     self._send(404, b"not found: try /metrics, /healthz or /readyz\n")
@@ -73,6 +77,29 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
     def __enter__(self) -> "MetricsServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Exporter:
+    """What a trainer or sampler process exposes: a ``PrometheusSink`` served on ``/metrics``."""
+
+    def __init__(self, catalog: tuple[MetricDef, ...], host: str, port: int, *,
+                 const_labels: Mapping[str, str] | None = None, setting: str = "--metrics-port",
+                 ready: Callable[[], tuple[bool, str]] | None = None):
+        self.sink = PrometheusSink(catalog, const_labels)
+        self.server = MetricsServer(self.sink.registry, host, port, ready, setting=setting)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def close(self) -> None:
+        self.server.close()
+
+    def __enter__(self) -> "Exporter":
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,110 +1,113 @@
 """Fetching one shard into ``shards/.partial/``: streamed, bounded, retried, verified.
 
-Each fetch thread keeps its own keep-alive HTTP connection per host (the
-connection pool); a shared token bucket caps the bandwidth so the sidecar does
-not starve the trainer's network. A fetch that fails leaves no file behind.
+The transport is chosen by the URL: HTTP(S) (``http.py``: keep-alive connections per
+thread, proxies, an auth header, a speed floor), S3 (``s3.py``: boto3, ranged parallel
+GETs) or a local path. A few quick retries with exponential backoff and jitter (or what
+``Retry-After`` asks) cover a blip; a shard that still fails goes back to the sidecar,
+which tries it again later. A fetch that fails leaves no file behind.
 """
 
 from __future__ import annotations
 
 import hashlib
-import http.client
 import logging
 import os
 import random
 import shutil
-import socket
-import ssl
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .sources import SourceShard
+from ..formats.urls import is_remote
+from .errors import FETCH_ERRORS, FetchAborted, FetchError
+from .http import CHUNK, DENIED_FIX, HttpTransport, space_error
+from .ratelimit import RateLimiter
+from .s3 import S3Client, S3Error
+from .sources import SourceError, SourceShard
 
 log = logging.getLogger("feedline.sampler")
 
-CHUNK = 1 << 20
-# Labels of feedline_fetch_errors_total{reason}.
-FETCH_ERRORS = ("http_status", "connection", "timeout", "truncated", "not_tar", "checksum", "too_large")
-
-
-class FetchError(Exception):
-    def __init__(self, reason: str, message: str, retry: bool):
-        super().__init__(message)
-        self.reason = reason
-        self.retry = retry
-
-
-class FetchAborted(Exception):
-    """The sidecar is stopping; the partial file was discarded."""
-
-
-class RateLimiter:
-    """A token bucket shared by all fetch threads; ``bytes_per_s`` 0 means no cap."""
-
-    def __init__(self, bytes_per_s: float):
-        self.rate = bytes_per_s
-        self._lock = threading.Lock()
-        self._tokens = 0.0
-        self._last = time.monotonic()
-
-    def take(self, n: int, stop: threading.Event) -> None:
-        if self.rate <= 0:
-            return
-        with self._lock:
-            now = time.monotonic()
-            self._tokens = min(self.rate, self._tokens + (now - self._last) * self.rate) - n
-            self._last = now
-            debt = -self._tokens / self.rate if self._tokens < 0 else 0.0
-        if debt > 0:
-            stop.wait(debt)
+__all__ = ["FETCH_ERRORS", "FetchAborted", "FetchError", "FetchResult", "Fetcher", "RateLimiter"]
+MAX_RETRY_AFTER = 120.0  # seconds: a store asking for more gets its shard back in the sidecar's schedule
 
 
 @dataclass
 class FetchResult:
+    """A shard fetched whole."""
+
     bytes: int
     seconds: float
     attempts: int
 
 
 class Fetcher:
+    """Downloads shards with quick retries and a shared rate cap, over HTTP(S), S3 or a local path."""
+
     def __init__(self, timeout: float, retries: int, stop: threading.Event, limiter: RateLimiter,
-                 backoff: float = 0.5, ca_file: str | None = None,
-                 on_error: Callable[[str], None] | None = None):
+                 backoff: float = 0.5, min_rate: float = 0.0, auth: Callable[[], dict[str, str]] | None = None,
+                 ca_file: str | None = None, on_error: Callable[[str], None] | None = None, threads: int = 4):
         self.on_error = on_error or (lambda reason: None)  # every failed attempt, retried or not
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self.stop = stop
         self.limiter = limiter
-        self._local = threading.local()
-        self._ssl = ssl.create_default_context(cafile=ca_file)
+        self.http = HttpTransport(timeout, stop, limiter, min_rate, auth, ca_file)
+        self._threads = threads
+        self._s3: S3Client | None = None
+        self._s3_lock = threading.Lock()
 
-    # -- connections ------------------------------------------------------------------------
-
-    def _conn(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
-        pool: dict = self._local.__dict__.setdefault("pool", {})
-        conn = pool.get((scheme, netloc))
-        if conn is None:
-            if scheme == "https":
-                conn = http.client.HTTPSConnection(netloc, timeout=self.timeout, context=self._ssl)
-            else:
-                conn = http.client.HTTPConnection(netloc, timeout=self.timeout)
-            pool[(scheme, netloc)] = conn
-        return conn
-
-    def _drop(self, scheme: str, netloc: str) -> None:
-        pool: dict = self._local.__dict__.setdefault("pool", {})
-        conn = pool.pop((scheme, netloc), None)
-        if conn is not None:
-            conn.close()
+    @property
+    def s3(self) -> S3Client:
+        with self._s3_lock:
+            if self._s3 is None:
+                try:
+                    self._s3 = S3Client(read_timeout=self.timeout, retries=self.retries, threads=self._threads)
+                except S3Error as exc:
+                    raise FetchError(exc.reason, str(exc), exc.retry) from None
+            return self._s3
 
     def close_thread(self) -> None:
-        for conn in self._local.__dict__.get("pool", {}).values():
-            conn.close()
-        self._local.__dict__["pool"] = {}
+        self.http.close_thread()
+
+    def abort(self) -> None:
+        """Unblock every download in progress (the stop event is set first)."""
+        self.http.abort()
+
+    # -- small requests ---------------------------------------------------------------------
+
+    def text(self, url: str) -> str:
+        """A remote index file."""
+        if url.startswith("s3://"):
+            try:
+                return self.s3.text(url)
+            except S3Error as exc:
+                raise SourceError(f"index {exc}") from None
+        status, reason, _, body = self.http.request("GET", url)
+        if status != 200:
+            raise SourceError(f"index {url}: HTTP {status} {reason}" + (f": {DENIED_FIX}" if status in (401, 403)
+                                                                         else ""))
+        return body.decode()
+
+    def size(self, url: str, timeout: float) -> int | None:
+        """A remote shard's size (HEAD), or None where the store does not say; FetchError if it cannot be asked."""
+        if url.startswith("s3://"):
+            try:
+                return self.s3.size(url)
+            except S3Error as exc:
+                raise FetchError(exc.reason, str(exc), exc.retry) from None
+        try:
+            status, reason, length, _ = self.http.request("HEAD", url, timeout)
+        except TimeoutError:
+            raise FetchError("timeout", f"{url}: no answer within {timeout:.0f} s", retry=True) from None
+        except OSError as exc:
+            raise FetchError("connection", f"{url} is unreachable ({exc})", retry=True) from None
+        if status in (401, 403):
+            raise FetchError("denied", f"{url}: HTTP {status} {reason}: {DENIED_FIX}", retry=False)
+        if status in (404, 410):
+            raise FetchError("http_status", f"{url}: HTTP {status} {reason}", retry=False)
+        return int(length) if status == 200 and length and length.isdigit() else None
 
     # -- one shard ------------------------------------------------------------------------
 
@@ -120,9 +123,10 @@ class Fetcher:
             except FetchError as exc:
                 _unlink(dest)
                 self.on_error(exc.reason)
-                if not exc.retry or attempt > self.retries or self.stop.is_set():
+                if (not exc.retry or attempt > self.retries or self.stop.is_set()
+                        or (exc.retry_after or 0) > MAX_RETRY_AFTER):
                     raise
-                delay = self.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
+                delay = max(self.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5), exc.retry_after or 0)
                 log.info("%s: %s; retry %d of %d in %.1f s", shard.url, exc, attempt, self.retries, delay)
                 if self.stop.wait(delay):
                     raise FetchAborted() from None
@@ -131,72 +135,35 @@ class Fetcher:
                 raise
 
     def _once(self, shard: SourceShard, dest: str, max_bytes: int) -> int:
-        if not shard.is_http:
-            return self._copy_local(shard, dest, max_bytes)
-        u = urllib.parse.urlsplit(shard.url)
-        path = u.path + (f"?{u.query}" if u.query else "")
-        try:
-            conn = self._conn(u.scheme, u.netloc)
-            conn.request("GET", path, headers={"User-Agent": "feedline-sampler"})
-            resp = conn.getresponse()
-        except socket.timeout:
-            self._drop(u.scheme, u.netloc)
-            raise FetchError("timeout", f"no response within {self.timeout} s", retry=True) from None
-        except (OSError, http.client.HTTPException) as exc:
-            self._drop(u.scheme, u.netloc)
-            raise FetchError("connection", f"connection failed: {exc}", retry=True) from None
-        try:
-            if resp.status != 200:
-                resp.read()
-                raise FetchError("http_status", f"HTTP {resp.status} {resp.reason}",
-                                 retry=resp.status >= 500 or resp.status == 429)
-            expected = resp.getheader("Content-Length")
-            expected_n = int(expected) if expected is not None and expected.isdigit() else None
-            if expected_n is not None and expected_n > max_bytes:
-                raise FetchError("too_large", f"{expected_n} bytes, larger than the budget {max_bytes}; "
-                                 f"raise --budget / FEEDLINE_BUDGET", retry=False)
-            n = self._stream(resp, dest, shard, max_bytes)
-            if expected_n is not None and n != expected_n:
-                raise FetchError("truncated", f"got {n} of {expected_n} bytes", retry=True)
-            if shard.size is not None and n != shard.size:
-                raise FetchError("truncated", f"got {n} bytes, the index says {shard.size}", retry=True)
-            return n
-        except socket.timeout:
-            self._drop(u.scheme, u.netloc)
-            raise FetchError("timeout", f"stalled: no data for {self.timeout} s", retry=True) from None
-        except http.client.IncompleteRead as exc:
-            self._drop(u.scheme, u.netloc)
-            raise FetchError("truncated", f"the body ended early ({exc})", retry=True) from None
-        except (OSError, http.client.HTTPException) as exc:
-            self._drop(u.scheme, u.netloc)
-            raise FetchError("connection", f"connection broke mid-shard: {exc}", retry=True) from None
-        except BaseException:
-            self._drop(u.scheme, u.netloc)
-            raise
+        if shard.url.startswith("s3://"):
+            return self._s3_get(shard, dest, max_bytes)
+        if is_remote(shard.url):
+            return self.http.get(shard, dest, max_bytes)
+        return self._copy_local(shard, dest, max_bytes)
 
-    def _stream(self, resp: http.client.HTTPResponse, dest: str, shard: SourceShard, max_bytes: int) -> int:
-        digest = hashlib.sha256() if shard.sha256 else None
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
-        n = 0
-        with open(dest, "wb") as f:
-            while True:
-                if self.stop.is_set():
-                    raise FetchAborted()
-                k = resp.readinto(buf)
-                if not k:
-                    break
-                n += k
-                if n > max_bytes:
-                    raise FetchError("too_large", f"over {max_bytes} bytes, larger than the budget; raise "
-                                     f"--budget / FEEDLINE_BUDGET", retry=False)
-                f.write(view[:k])
-                if digest is not None:
-                    digest.update(view[:k])
-                self.limiter.take(k, self.stop)
-        if digest is not None and digest.hexdigest() != shard.sha256:
-            raise FetchError("checksum", f"sha256 {digest.hexdigest()} does not match the index's {shard.sha256}",
-                             retry=True)
+    def _s3_get(self, shard: SourceShard, dest: str, max_bytes: int) -> int:
+        if shard.size is not None and shard.size > max_bytes:
+            raise FetchError("too_large", f"{shard.size} bytes, larger than the budget {max_bytes}; raise --budget",
+                             retry=False)
+        got = 0
+
+        def progress(n: int) -> None:  # in s3transfer's threads: raising stops the transfer
+            nonlocal got
+            got += n
+            if self.stop.is_set():
+                raise FetchAborted()
+            if got > max_bytes:
+                raise FetchError("too_large", f"over {max_bytes} bytes, larger than the budget; raise --budget",
+                                 retry=False)
+            self.limiter.take(n, self.stop)
+
+        try:
+            n = self.s3.download(shard.url, dest, progress)
+        except S3Error as exc:
+            raise FetchError(exc.reason, str(exc), exc.retry) from None
+        if shard.size is not None and n != shard.size:
+            raise FetchError("truncated", f"got {n} bytes, the listing says {shard.size}", retry=True)
+        self._check_sha(shard, dest)
         return n
 
     def _copy_local(self, shard: SourceShard, dest: str, max_bytes: int) -> int:
@@ -209,16 +176,24 @@ class Fetcher:
                              retry=False)
         if self.stop.is_set():
             raise FetchAborted()
-        shutil.copyfile(shard.url, dest)
+        try:
+            shutil.copyfile(shard.url, dest)
+        except OSError as exc:
+            raise space_error(exc, dest) from None
         self.limiter.take(size, self.stop)
-        if shard.sha256:
-            h = hashlib.sha256()
-            with open(dest, "rb") as f:
-                for chunk in iter(lambda: f.read(CHUNK), b""):
-                    h.update(chunk)
-            if h.hexdigest() != shard.sha256:
-                raise FetchError("checksum", f"sha256 does not match the index's {shard.sha256}", retry=False)
+        self._check_sha(shard, dest)
         return size
+
+    @staticmethod
+    def _check_sha(shard: SourceShard, path: str) -> None:
+        if not shard.sha256:
+            return
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(CHUNK), b""):
+                h.update(chunk)
+        if h.hexdigest() != shard.sha256:
+            raise FetchError("checksum", f"sha256 does not match the index's {shard.sha256}", retry=True)
 
 
 def _unlink(path: str) -> None:

@@ -27,6 +27,8 @@ def shard_plan(shards: list[SourceShard], seed: int) -> Iterator[SourceShard]:
 
 
 class Policy:
+    """How many shards to fetch, asked at start, at each loader epoch and on every turn."""
+
     def initial(self, cached: int) -> int:
         """Fetches to start with, given the shards already cached."""
         raise NotImplementedError
@@ -41,6 +43,8 @@ class Policy:
 
 
 class GrowPolicy(Policy):
+    """Grow the cache epoch by epoch, then replace a fraction of the oldest per epoch."""
+
     def __init__(self, initial_shards: int, grow_shards: int, replace_fraction: float):
         self.initial_shards = initial_shards
         self.grow_shards = grow_shards
@@ -56,6 +60,8 @@ class GrowPolicy(Policy):
 
 
 class FillPolicy(Policy):
+    """Fill to the budget as fast as allowed, then replace shards at a steady rate."""
+
     def __init__(self, fetch_threads: int, refresh_per_minute: float):
         self.fetch_threads = fetch_threads
         self.interval = 60.0 / refresh_per_minute if refresh_per_minute > 0 else math.inf

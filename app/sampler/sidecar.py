@@ -1,221 +1,259 @@
 """The sampler sidecar (``feedline sample``): plan -> fetch (N threads) -> verify -> index -> publish.
 
-One object owns the fetch threads, the cache store and the metrics server;
-``stop()`` (SIGTERM, SIGINT) discards the shards in flight and returns within
-a few seconds. The loop watches ``readers/*.json`` for new loader epochs and
-asks the policy how many shards to fetch.
+One object owns the fetch threads and the cache store; ``stop()`` (SIGTERM,
+SIGINT) shuts the sockets of the downloads in flight, discards them and returns
+within a couple of seconds. The loop watches ``readers/*.json`` for new loader
+epochs and asks the policy how many shards to fetch; a shard that fails is tried
+again later (``schedule.py``), never given up while the process runs. It takes
+``SidecarSettings`` and pushes its statistics to the sink it is given; the face
+serves them (and ``/readyz`` from ``ready()``).
 """
 
 from __future__ import annotations
 
-import http.client
+import errno
 import logging
 import os
 import threading
 import time
-import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..cache.readers import read_readers
 from ..cache.store import BudgetError, CacheStore
-from ..config import Config, ConfigError
+from ..errors import SettingError
+from ..formats.compressed import TooLarge, decompress
 from ..formats.shard_index import ShardError
-from ..metrics.exporter import MetricsServer
-from ..metrics.sampler_metrics import SamplerMetrics
+from ..formats.urls import IndexEntry, is_remote
 from ..preflight import check_memory_for, fmt_bytes, fs_space
-from .fetch import FetchAborted, FetchError, Fetcher, RateLimiter
+from ..sink import NullSink, StatsSink
+from .fetch import FetchAborted, Fetcher, FetchError, RateLimiter
+from .http import auth_headers
 from .policy import FillPolicy, GrowPolicy, Policy, shard_plan
+from .s3 import S3Error
+from .schedule import RetrySchedule
+from .settings import SidecarSettings
 from .sources import SourceError, SourceShard, list_shards
 
 log = logging.getLogger("feedline.sampler")
 
-DEFAULT_CACHE = "/dev/shm/feedline"
-DEFAULT_PORT = 9101
-PROBE_SHARDS = 8  # HTTP shards whose size is checked against the budget at start-up
+PROBE_SHARDS = 8  # remote shards whose size is checked against the budget at start-up
+PROBE_TIMEOUT = 10.0  # seconds one of those may take: the probe asks whether the store is up, not every shard
 PROCESS_MEMORY = 128 << 20  # the sidecar's own memory, on top of the cache it writes
 
 
-def _request(method: str, url: str, timeout: float) -> tuple[int, str, str | None, bytes]:
-    """One plain request: (status, reason, Content-Length, body)."""
-    u = urllib.parse.urlsplit(url)
-    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-    conn = cls(u.netloc, timeout=timeout)
-    try:
-        conn.request(method, u.path + (f"?{u.query}" if u.query else ""))
-        resp = conn.getresponse()
-        return resp.status, resp.reason, resp.getheader("Content-Length"), resp.read()
-    finally:
-        conn.close()
-
-
-def _fetch_text(url: str, timeout: float) -> str:
-    status, reason, _, body = _request("GET", url, timeout)
-    if status != 200:
-        raise SourceError(f"index {url}: HTTP {status} {reason}")
-    return body.decode()
-
-
-def _head_size(url: str, timeout: float) -> int | None:
-    status, _, length, _ = _request("HEAD", url, timeout)
-    return int(length) if status == 200 and length and length.isdigit() else None
-
-
 class Sidecar:
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
-        self.cache_dir = os.path.abspath(cfg.cache or DEFAULT_CACHE)
+    """Keeps a bounded, epoch-growing shard cache filled from a source; ``run()`` until ``stop()``."""
+
+    def __init__(self, settings: SidecarSettings, sink: StatsSink | None = None):
+        self.settings = s = settings
+        self.sink: StatsSink = sink if sink is not None else NullSink()
+        self.cache_dir = os.path.abspath(s.cache)
         self.stop_event = threading.Event()
-        self.metrics = SamplerMetrics()
+        self._wake = threading.Event()  # a fetch ended or a stop: the loop hands out the next shard at once
+        self.fetcher = Fetcher(s.fetch_timeout, s.retries, self.stop_event, RateLimiter(s.max_mbps * 1e6),
+                               min_rate=s.fetch_min_mbps * 1e6, auth=auth_headers(s.auth_header, s.auth_header_file),
+                               on_error=lambda reason: self.sink.inc("fetch_errors_total", reason=reason),
+                               threads=s.fetch_threads)
         self.shards = self._list_source()
         self._check_budget()
-        self.store = CacheStore(self.cache_dir, cfg.budget, on_evict=lambda e: self.metrics.cache_evictions.inc())
-        self.policy: Policy = (GrowPolicy(cfg.initial_shards, cfg.grow_shards, cfg.replace_fraction)
-                               if cfg.policy == "grow" else FillPolicy(cfg.fetch_threads, cfg.refresh_per_minute))
-        self.fetcher = Fetcher(cfg.fetch_timeout, cfg.retries, self.stop_event, RateLimiter(cfg.max_mbps * 1e6),
-                               on_error=lambda reason: self.metrics.fetch_errors.labels(reason=reason).inc())
-        self._plan = shard_plan(self.shards, cfg.seed)
+        self.store = CacheStore(self.cache_dir, s.budget, on_evict=lambda e: self.sink.inc("cache_evictions_total"))
+        self.policy: Policy = (GrowPolicy(s.initial_shards, s.grow_shards, s.replace_fraction)
+                               if s.policy == "grow" else FillPolicy(s.fetch_threads, s.refresh_per_minute))
+        self._plan = shard_plan(self.shards, s.seed)
         self._lock = threading.Lock()
         self._in_flight: dict[str, Future] = {}
         self._quota = 0
-        self._failed: set[str] = set()
-        self.server: MetricsServer | None = None
+        self.schedule = RetrySchedule(maximum=s.retry_max_seconds)
         self.fetched = 0
 
     # -- start-up checks ----------------------------------------------------------------------
 
-    def _list_source(self) -> list[SourceShard]:
+    def _list_prefix(self, url: str) -> list[IndexEntry]:
         try:
-            shards = list_shards(self.cfg.source, lambda url: _fetch_text(url, self.cfg.fetch_timeout))
+            return [IndexEntry(o.url, "", o.size) for o in self.fetcher.s3.list(url)]
+        except FetchError as exc:
+            raise SourceError(str(exc)) from None
+        except S3Error as exc:
+            raise SourceError(str(exc)) from None
+
+    def _list_source(self) -> list[SourceShard]:
+        s = self.settings
+        try:
+            shards = list_shards(s.source, self.fetcher.text, self._list_prefix)
         except SourceError as exc:
-            raise ConfigError(f"source (--source / FEEDLINE_SOURCE): {exc}") from None
-        except OSError as exc:
-            raise ConfigError(f"source (--source / FEEDLINE_SOURCE) {self.cfg.source!r} is unreachable: {exc}") \
-                from None
-        if self.cfg.partition_count > 1:
-            shards = shards[self.cfg.partition_index::self.cfg.partition_count]
-            log.info("node partition %d of %d", self.cfg.partition_index, self.cfg.partition_count)
+            raise SettingError("source", str(exc)) from None
+        except (OSError, FetchError) as exc:
+            raise SettingError("source", f"{s.source!r} is unreachable: {exc}") from None
+        if s.partition_count > 1:
+            shards = shards[s.partition_index::s.partition_count]
+            log.info("node partition %d of %d", s.partition_index, s.partition_count)
         if not shards:
-            raise ConfigError(f"source (--source / FEEDLINE_SOURCE) {self.cfg.source!r} lists no shard"
-                              + (" for this partition" if self.cfg.partition_count > 1 else ""))
-        http_shards = [s for s in shards if s.is_http]
-        if http_shards:
-            probe = http_shards[:PROBE_SHARDS]
-            sizes = []
-            for s in probe:
-                try:
-                    size = s.size if s.size is not None else _head_size(s.url, self.cfg.fetch_timeout)
-                except OSError as exc:
-                    raise ConfigError(f"source (--source / FEEDLINE_SOURCE): {s.url} is unreachable ({exc}); "
-                                      f"is the store up and the URL right?") from None
-                if size is not None:
-                    sizes.append(size)
-            self._largest_seen = max(sizes, default=0)
-        else:
-            self._largest_seen = max((s.size or 0 for s in shards), default=0)
+            raise SettingError("source", f"{s.source!r} lists no shard"
+                                         + (" for this partition" if s.partition_count > 1 else ""))
+        self._largest_seen = self._probe([x for x in shards if is_remote(x.url)][:PROBE_SHARDS]) or max(
+            (x.size or 0 for x in shards), default=0)
         log.info("source lists %d shards", len(shards))
         return shards
 
+    def _probe(self, remote: list[SourceShard]) -> int:
+        """The largest size among the first remote shards; refuses a store that is down or refuses us.
+
+        A shard that does not answer in time is no reason to refuse: the store is up if any answers,
+        and fetching tries every shard again until it comes.
+        """
+        sizes, problems = [], []
+        for x in remote:
+            if x.size is not None:
+                sizes.append(x.size)
+                continue
+            try:
+                size = self.fetcher.size(x.url, min(self.settings.fetch_timeout, PROBE_TIMEOUT))
+            except FetchError as exc:
+                if exc.reason == "denied":  # credentials or permissions: nothing will change by waiting
+                    raise SettingError("source", str(exc)) from None
+                problems.append(exc)
+                continue
+            if size is not None:
+                sizes.append(size)
+        if remote and not sizes and problems and all(p.reason == "connection" for p in problems):
+            raise SettingError("source", f"{problems[0]}; is the store up and the URL right?")
+        if remote and not sizes and problems and not any(p.retry for p in problems):
+            raise SettingError("source", f"none of the first {len(remote)} shards exists: {problems[0]}; is the "
+                                         f"URL (bucket, prefix, shard names) right?")
+        if problems:
+            log.warning("%d of the first %d shards did not answer the start-up probe (%s); starting anyway: "
+                        "fetching tries them again", len(problems), len(remote), problems[0])
+        return max(sizes, default=0)
+
     def _check_budget(self) -> None:
-        budget = self.cfg.budget
+        s = self.settings
+        budget = s.budget
         if self._largest_seen and budget < self._largest_seen:
-            raise ConfigError(f"budget (--budget / FEEDLINE_BUDGET) is {fmt_bytes(budget)}, smaller than a shard of "
-                              f"{fmt_bytes(self._largest_seen)}: set it to at least a few shards' worth")
+            raise SettingError("budget", f"{fmt_bytes(budget)} is smaller than a shard of "
+                                         f"{fmt_bytes(self._largest_seen)}: set it to at least a few shards' worth")
         os.makedirs(self.cache_dir, exist_ok=True)
         cached = 0
         for root, _, files in os.walk(self.cache_dir):
             cached += sum(os.path.getsize(os.path.join(root, f)) for f in files)
         # downloads in flight, and (grow) the replaced shards a running epoch still holds open
-        in_flight = self._largest_seen * self.cfg.fetch_threads
-        if self.cfg.policy == "grow":
-            in_flight += int(budget * self.cfg.replace_fraction)
+        in_flight = self._largest_seen * s.fetch_threads
+        if s.policy == "grow":
+            in_flight += int(budget * s.replace_fraction)
         size, free = fs_space(self.cache_dir)
         if free + cached < budget + in_flight:
-            raise ConfigError(
-                f"budget (--budget / FEEDLINE_BUDGET) {fmt_bytes(budget)} plus {self.cfg.fetch_threads} downloads in "
-                f"flight and the replaced shards an epoch still reads need {fmt_bytes(budget + in_flight)}, but the "
-                f"filesystem of cache {self.cache_dir} (--cache / "
-                f"FEEDLINE_CACHE) has {fmt_bytes(free + cached)} for it ({fmt_bytes(size)} in all): lower the "
-                f"budget, or give /dev/shm more room (docker: shm_size; Kubernetes: the emptyDir's sizeLimit)"
-            )
+            raise SettingError(
+                "budget", f"{fmt_bytes(budget)} plus {s.fetch_threads} downloads in flight and the replaced shards "
+                          f"an epoch still reads need {fmt_bytes(budget + in_flight)}, but the filesystem of the "
+                          f"cache {self.cache_dir} has {fmt_bytes(free + cached)} for it ({fmt_bytes(size)} in all): "
+                          f"lower the budget, or give /dev/shm more room (docker: shm_size; Kubernetes: the "
+                          f"emptyDir's sizeLimit)")
         # tmpfs pages are charged to the memory limit of the container that writes them: this one
         mem = check_memory_for("the cache", max(0, budget + in_flight - cached) + PROCESS_MEMORY)
         if mem.ok is False:
-            raise ConfigError(f"budget (--budget / FEEDLINE_BUDGET): {mem.detail}; {mem.fix}")
+            raise SettingError("budget", f"{mem.detail}; {mem.fix}")
 
     # -- readiness --------------------------------------------------------------------------
 
     def ready(self) -> tuple[bool, str]:
         n = len(self.store.entries)
-        if n >= self.cfg.min_shards:
-            return True, f"ready: {n} shards cached"
-        return False, f"not ready: {n} of min_shards={self.cfg.min_shards} shards cached"
+        store = self.schedule.describe(time.monotonic())
+        if n >= self.settings.min_shards:
+            return True, f"ready: {n} shards cached; {store}"
+        return False, f"not ready: {n} of min_shards={self.settings.min_shards} shards cached; {store}"
 
     # -- the loop -------------------------------------------------------------------------
 
     def _full(self) -> bool:
         entries = self.store.entries
         mean = (sum(e.bytes for e in entries) / len(entries)) if entries else self._largest_seen
-        return self.store.total_bytes + mean > self.cfg.budget
+        return self.store.total_bytes + mean > self.settings.budget
 
-    def _next_shard(self) -> SourceShard | None:
-        cached = self.store.ids() | set(self._in_flight) | self._failed
-        if len(cached) >= len(self.shards):
-            return None  # the whole source is cached (or failed): nothing new to add
+    def _next_shard(self, now: float) -> SourceShard | None:
+        """The next shard of the plan to fetch now; None when none is due (or the whole source is cached)."""
+        taken = self.store.ids() | set(self._in_flight)
+        if len(taken) >= len(self.shards):
+            return None
         for _ in range(2 * len(self.shards)):
             s = next(self._plan)
-            if s.id not in cached:
+            if s.id not in taken and self.schedule.eligible(s.id, now):
                 return s
         return None
 
     def _fetch_one(self, shard: SourceShard) -> None:
         partial = self.store.partial_path(shard.id)
+        plain = partial + ".plain"
         try:
-            result = self.fetcher.fetch(shard, partial, self.cfg.budget)
+            result = self.fetcher.fetch(shard, partial, self.settings.budget)
+            if shard.compression is not None:  # published as the tar it holds: workers mmap plain tars
+                decompress(partial, plain, shard.compression, self.settings.budget, self.stop_event.is_set)
+                os.replace(plain, partial)
             self.store.publish(shard.id, partial, shard.url, shard.sha256)
-            self.metrics.fetch_bytes.inc(result.bytes)
-            self.metrics.fetch_seconds.observe(result.seconds)
+            self.sink.inc("fetch_bytes_total", result.bytes)
+            self.sink.observe("fetch_seconds", result.seconds)
+            self.schedule.succeeded(shard.id)
             self.fetched += 1
-        except FetchAborted:
+        except (FetchAborted, InterruptedError):
             log.info("stopping: discarded the partial download of %s", shard.id)
         except FetchError as exc:  # counted per attempt by the fetcher
-            self._failed.add(shard.id)
-            log.warning("skipping %s: %s", shard.url, exc)
+            self._again(shard, str(exc), exc.store_down, exc.retry_after or 0.0)
+        except TooLarge as exc:
+            self.sink.inc("fetch_errors_total", reason="too_large")
+            self._again(shard, exc.reason, False)
         except ShardError as exc:
-            reason = "truncated" if "truncated" in exc.reason else "not_tar"
-            self.metrics.fetch_errors.labels(reason=reason).inc()
-            self._failed.add(shard.id)
-            log.warning("skipping %s: %s", shard.url, exc.reason)
+            self.sink.inc("fetch_errors_total", reason="truncated" if "truncated" in exc.reason else "not_tar")
+            self._again(shard, exc.reason, False)
         except BudgetError as exc:
-            self.metrics.fetch_errors.labels(reason="too_large").inc()
-            self._failed.add(shard.id)
-            log.warning("skipping %s", exc)
+            self.sink.inc("fetch_errors_total", reason="too_large")
+            self._again(shard, str(exc), False)
+        except OSError as exc:
+            reason = "no_space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "connection"
+            self.sink.inc("fetch_errors_total", reason=reason)
+            self._again(shard, f"{reason}: {exc}", False)
         finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
+            for p in (partial, plain):
+                if os.path.exists(p):
+                    os.unlink(p)
+            self._wake.set()
+
+    def _again(self, shard: SourceShard, why: str, store_down: bool, at_least: float = 0.0) -> None:
+        delay = self.schedule.failed(shard.id, store_down, time.monotonic(), at_least)
+        log.warning("%s failed: %s; trying it again in %.0f s", shard.url, why, delay)
 
     def _dispatch(self, pool: ThreadPoolExecutor) -> None:
         with self._lock:
             for sid in [k for k, f in self._in_flight.items() if f.done()]:
                 self._in_flight.pop(sid)
-            while self._quota > 0 and len(self._in_flight) < self.cfg.fetch_threads:
-                shard = self._next_shard()
+            now = time.monotonic()
+            while (self._quota > 0 and len(self._in_flight) < self.settings.fetch_threads
+                   and self.schedule.allow(now, len(self._in_flight))):
+                shard = self._next_shard(now)
                 if shard is None:
-                    self._quota = 0
-                    break
+                    if len(self.store.ids()) + len(self._in_flight) >= len(self.shards):
+                        self._quota = 0  # the whole source is cached: nothing to add
+                    break  # else: the rest wait for their next try; the quota stays
                 self._quota -= 1
                 self._in_flight[shard.id] = pool.submit(self._fetch_one, shard)
 
+    def _report(self) -> None:
+        now = time.monotonic()
+        self.sink.set("fetch_retry_shards", self.schedule.waiting(now))
+        self.sink.set("fetch_breaker_open", float(self.schedule.breaker_open(now)))
+        self.sink.set("cache_bytes", self.store.total_bytes)
+        self.sink.set("cache_budget_bytes", self.settings.budget)
+        self.sink.set("cache_shards", len(self.store.entries))
+        size, free = fs_space(self.cache_dir)
+        self.sink.set("shm_bytes", size, kind="size")
+        self.sink.set("shm_bytes", free, kind="free")
+
     def run(self) -> int:
-        """Serve until stop(); returns the process exit code."""
+        """Fill the cache until ``stop()``; returns the process exit code."""
+        s = self.settings
         self.store.recover()
-        port = self.cfg.metrics_port if self.cfg.metrics_port >= 0 else DEFAULT_PORT
-        self.server = MetricsServer(self.metrics.registry, self.cfg.metrics_addr, port, self.ready,
-                                    setting="--metrics-port / FEEDLINE_METRICS_PORT")
         last_epoch = max((r.epoch for r in read_readers(self.cache_dir)), default=None)
         self._quota = self.policy.initial(len(self.store.entries))
-        log.info("sampling into %s: budget %s, policy %s, %d fetch threads", self.cache_dir,
-                 fmt_bytes(self.cfg.budget), self.cfg.policy, self.cfg.fetch_threads)
-        pool = ThreadPoolExecutor(self.cfg.fetch_threads, thread_name_prefix="feedline-fetch")
+        log.info("sampling into %s: budget %s, policy %s, %d fetch threads", self.cache_dir, fmt_bytes(s.budget),
+                 s.policy, s.fetch_threads)
+        pool = ThreadPoolExecutor(s.fetch_threads, thread_name_prefix="feedline-fetch")
         try:
             while not self.stop_event.is_set():
                 readers = read_readers(self.cache_dir)
@@ -228,18 +266,20 @@ class Sidecar:
                 self._quota += self.policy.keep_busy(self._full(), time.monotonic(),
                                                      self._quota + len(self._in_flight))
                 self._dispatch(pool)
-                self.metrics.observe_cache(self.store.total_bytes, self.cfg.budget, len(self.store.entries),
-                                           self.cache_dir)
-                self.stop_event.wait(0.1)
+                self._report()
+                self._wake.wait(0.1)
+                self._wake.clear()
         finally:
             self.stop_event.set()
             pool.shutdown(wait=True, cancel_futures=True)
-            self.server.close()
             for p in os.listdir(self.store.partial_dir):
                 os.unlink(os.path.join(self.store.partial_dir, p))
+            self._report()
         log.info("stopped: %d shards cached (%s)", len(self.store.entries), fmt_bytes(self.store.total_bytes))
         return 0
 
     def stop(self) -> None:
+        """Stop within seconds: downloads in flight are cut (their sockets shut) and discarded."""
         self.stop_event.set()
-
+        self._wake.set()
+        self.fetcher.abort()

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -18,25 +16,27 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from .procs import free_port, stop_process
+
+# The project's rule files, in the source tree (the demo and the tests run from a checkout).
 RULES_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "prometheus", "rules")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PrometheusServer:
     """Owns a prometheus process and its temporary config and data directory."""
 
     def __init__(self, targets: dict[str, int], scrape_interval: str = "1s", rules_dir: str = RULES_DIR,
-                 binary: str = "prometheus"):
+                 binary: str = "prometheus", config_path: str | None = None):
+        """Scrapes ``targets`` on 127.0.0.1 with the project's rules, or runs ``config_path`` as it is."""
         if shutil.which(binary) is None:
             raise FileNotFoundError(f"{binary} is not installed (Debian package 'prometheus'; ./scripts/setup "
                                     f"installs it)")
         self.dir = tempfile.mkdtemp(prefix="feedline-prometheus-")
         self.port = free_port()
+        if config_path is not None:
+            self.config_path = os.path.abspath(config_path)
+            self._start(binary)
+            return
         static = "\n".join(
             f'      - targets: ["127.0.0.1:{port}"]\n        labels:\n          component: {name}'
             for name, port in targets.items())
@@ -46,6 +46,9 @@ class PrometheusServer:
         self.config_path = os.path.join(self.dir, "prometheus.yml")
         with open(self.config_path, "w") as f:
             f.write(config)
+        self._start(binary)
+
+    def _start(self, binary: str) -> None:
         self._log = open(os.path.join(self.dir, "prometheus.log"), "w")
         self.proc = subprocess.Popen(
             [binary, f"--config.file={self.config_path}", f"--storage.tsdb.path={os.path.join(self.dir, 'data')}",
@@ -95,13 +98,7 @@ class PrometheusServer:
             time.sleep(0.25)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, "prometheus")
         self._log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 

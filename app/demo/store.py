@@ -1,8 +1,10 @@
 """A static HTTP file server standing in for the remote store (``feedline serve``).
 
 HTTP/1.1 keep-alive, ``Content-Length``, ``sendfile``, ``HEAD``. Tests give it
-faults to inject per path: an HTTP status, a connection reset mid-body, a
-stall, or a truncated body, so the sampler's error handling meets real sockets.
+faults to inject per path (an HTTP status with ``Retry-After``, a connection
+reset mid-body, a stall before or during the answer, a body dripped slowly, a
+truncated body, a chunked body without a length), a whole-store outage (``down``) and a required auth header, so
+the sampler's error handling meets real sockets.
 """
 
 from __future__ import annotations
@@ -22,11 +24,17 @@ log = logging.getLogger("feedline.store")
 
 @dataclass
 class Fault:
+    """A failure the stand-in store injects for one path (status, reset, stall, truncation)."""
+
     status: int = 0  # answer with this HTTP status
     reset_after: int = -1  # send this many body bytes, then reset the connection
     stall_after: int = -1  # send this many body bytes, then stall for `stall_seconds`
     stall_seconds: float = 30.0
     truncate_to: int = -1  # send only this many bytes but close cleanly
+    stall_before: float = 0.0  # wait this long before answering at all
+    drip: float = 0.0  # send the body at this many bytes/s
+    retry_after: str = ""  # a Retry-After header with the status
+    chunked: bool = False  # send the body with Transfer-Encoding: chunked, no Content-Length
     times: int = 1_000_000  # how many requests it applies to
 
 
@@ -37,6 +45,9 @@ class FileStore:
         self.root = os.path.abspath(root)
         self.faults: dict[str, Fault] = {}
         self.requests: dict[str, int] = {}
+        self.log: list[tuple[float, str, str, int]] = []  # (monotonic time, method, path, status) of each request
+        self.down = 0  # answer every request with this status (an outage) while non-zero
+        self.auth: str | None = None  # the Authorization header value every request must carry
         store = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -53,17 +64,28 @@ class FileStore:
                 path = os.path.realpath(os.path.join(store.root, rel))
                 store.requests[rel] = store.requests.get(rel, 0) + 1
                 fault = store.faults.get(rel)
+                if fault is not None and fault.times > 0 and fault.stall_before:
+                    time.sleep(fault.stall_before)  # HEAD too: a store that does not answer at all
                 if fault is not None and fault.times > 0 and body:
                     fault.times -= 1
                 else:
                     fault = None
+                if store.down:
+                    return self._status(store.down, rel)
+                if store.auth is not None and self.headers.get("Authorization") != store.auth:
+                    return self._status(401, rel)
                 if not path.startswith(store.root + os.sep) or not os.path.isfile(path):
-                    return self._status(404)
+                    return self._status(404, rel)
                 if fault is not None and fault.status:
-                    return self._status(fault.status)
+                    return self._status(fault.status, rel, fault.retry_after)
                 size = os.path.getsize(path)
+                store.log.append((time.monotonic(), self.command, rel, 200))
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-tar")
+                if fault is not None and fault.chunked:
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    return self._chunked(path)
                 self.send_header("Content-Length", str(size))
                 self.end_headers()
                 if not body:
@@ -78,6 +100,8 @@ class FileStore:
                                 break
                             offset += sent
                         return
+                    if fault.drip:
+                        return self._drip(f, fault.drip)
                     cut = max(fault.reset_after, fault.stall_after, fault.truncate_to)
                     self.wfile.write(f.read(cut))
                     self.wfile.flush()
@@ -88,9 +112,30 @@ class FileStore:
                         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.close_connection = True
 
-            def _status(self, code: int) -> None:
+            def _chunked(self, path: str) -> None:
+                with open(path, "rb") as f:
+                    while chunk := f.read(50_000):
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+
+            def _drip(self, f: "object", rate: float) -> None:
+                step = max(1, int(rate / 10))
+                try:
+                    while chunk := f.read(step):  # type: ignore[attr-defined]
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                except OSError:
+                    pass
+                self.close_connection = True
+
+            def _status(self, code: int, rel: str, retry_after: str = "") -> None:
+                store.log.append((time.monotonic(), self.command, rel, code))
                 msg = f"{code}\n".encode()
                 self.send_response(code)
+                if retry_after:
+                    self.send_header("Retry-After", retry_after)
                 self.send_header("Content-Length", str(len(msg)))
                 self.end_headers()
                 self.wfile.write(msg)

@@ -5,12 +5,15 @@
   pip, never installed), labelled by the photo they came from.
 - ``raw``: incompressible random samples of a fixed size (1 MiB by default),
   the raw-scientific-data workload.
+- ``captioned``: the ``jpeg`` photos with a ``.txt`` caption and ``.json``
+  metadata, as image-text datasets (LAION, CC3M) are written.
 """
 
 from __future__ import annotations
 
 import glob
 import io
+import json
 import logging
 import os
 import subprocess
@@ -20,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from .shard_writer import ShardWriter
+from ..formats.shard_writer import ShardWriter
 
 log = logging.getLogger("feedline.datasets")
 
@@ -77,6 +80,22 @@ def photo_crops(count: int, cache_dir: str, seed: int = 0, quality: tuple[int, i
         yield f"{i:08d}", {"jpg": buf.getvalue(), "cls": str(label).encode()}
 
 
+def captioned_photos(count: int, cache_dir: str, seed: int = 0) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """The photo crops with a caption of varying length and JSON metadata."""
+    rng = np.random.default_rng(seed + 1)
+    for key, fields in photo_crops(count, cache_dir, seed):
+        label = int(fields["cls"])
+        name = PHOTOS[label].rsplit(".", 1)[0].replace("_", " ")
+        words = " ".join(rng.choice(_WORDS, size=int(rng.integers(4, 40))))
+        meta = {"label": name, "width": IMAGE_SIZE[0], "height": IMAGE_SIZE[1], "source": "scikit-image",
+                "similarity": round(float(rng.uniform(0.2, 0.4)), 4), "tags": list(rng.choice(_WORDS, size=3))}
+        yield key, {**fields, "txt": f"a photo of {name}, {words}".encode(), "json": json.dumps(meta).encode()}
+
+
+_WORDS = ("bright", "dark", "close", "wide", "detailed", "blurry", "colourful", "old", "new", "small", "large",
+          "outdoor", "indoor", "scientific", "vintage", "sharp", "soft", "high", "low", "contrast")
+
+
 def raw_samples(count: int, sample_bytes: int = 1 << 20, seed: int = 0) -> Iterator[tuple[str, dict[str, bytes]]]:
     rng = np.random.default_rng(seed)
     for i in range(count):
@@ -91,8 +110,10 @@ def make_dataset(kind: str, outdir: str, count: int, shard_bytes: int, cache_dir
         samples = photo_crops(count, cache_dir, seed)
     elif kind == "raw":
         samples = raw_samples(count, sample_bytes, seed)
+    elif kind == "captioned":
+        samples = captioned_photos(count, cache_dir, seed)
     else:
-        raise ValueError(f"dataset kind must be 'jpeg' or 'raw', got {kind!r}")
+        raise ValueError(f"dataset kind must be 'jpeg', 'raw' or 'captioned', got {kind!r}")
     for old in glob.glob(os.path.join(outdir, "*.tar")) + glob.glob(os.path.join(outdir, "*.idx")):
         os.unlink(old)
     with ShardWriter(outdir, kind, shard_bytes) as writer:
@@ -101,3 +122,24 @@ def make_dataset(kind: str, outdir: str, count: int, shard_bytes: int, cache_dir
             if progress is not None:
                 progress(n)
     return writer.shards
+
+# compose.yaml's default FEEDLINE_SOURCE points here: the demo profile's store
+DEMO_STORE = "http://demo-store:8080/"
+NO_DEMO_STORE = ("FEEDLINE_SOURCE is unset, so compose points the sampler at the demo profile's store: start it "
+                 "with `docker compose --profile demo up`, or set FEEDLINE_SOURCE in .env to your shards")
+
+
+def make_demo_store(root: str, count: int, shard_bytes: int, cache_dir: str) -> str:
+    """The demo JPEG dataset in ``root`` (written unless there already) and ``root/index.txt`` listing its
+    shards: what compose's demo profile serves, so the sampler's source is one URL whatever the count."""
+    os.makedirs(root, exist_ok=True)
+    shards = sorted(glob.glob(os.path.join(root, "*.tar")))
+    if not shards:
+        log.info("writing the demo dataset: %d JPEG samples into %s", count, root)
+        shards = make_dataset("jpeg", root, count, shard_bytes, cache_dir)
+    index = os.path.join(root, "index.txt")
+    tmp = f"{index}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.writelines(f"{os.path.basename(s)}\n" for s in shards)
+    os.replace(tmp, index)
+    return index

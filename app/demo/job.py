@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,25 +20,14 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from .config import Config, ConfigError
-from .metrics.prometheus import PrometheusServer, free_port
-from .sampler.http_store import FileStore
+from ..config import Config, ConfigError
+from .procs import free_port, stop_process
+from .prometheus import PrometheusServer
+from .store import FileStore
 
 log = logging.getLogger("feedline.demo")
 
 DEMO_CACHE = "/dev/shm/feedline"
-
-
-def _stop(proc: subprocess.Popen, name: str, timeout: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        log.warning("%s did not stop within %.0f s of SIGTERM; killing it", name, timeout)
-        proc.kill()
-        proc.wait()
 
 
 def _sampler_args(cfg: Config, url: str, cache: str, port: int) -> list[str]:
@@ -53,8 +41,8 @@ def _sampler_args(cfg: Config, url: str, cache: str, port: int) -> list[str]:
 
 def _trainer_args(cfg: Config, cache: str, summary: str, port: int) -> list[str]:
     keys = ("batch_size", "workers", "transfer_threads", "ring_slots", "shuffle_buffer", "seed", "drop_last",
-            "in_order", "zero_copy", "device", "max_sample_errors", "epochs", "step_ms", "image_size", "classes",
-            "max_steps", "log_level", "progress", "min_shards", "wait_timeout")
+            "in_order", "zero_copy", "device", "max_sample_errors", "worker_timeout", "epochs", "step_ms",
+            "image_size", "classes", "max_steps", "log_level", "progress", "min_shards", "wait_timeout")
     args = ["--cache", cache, "--summary-json", summary, "--metrics-port", str(port)]
     for k in keys:
         args += [Config.flag_name(k), str(getattr(cfg, k))]
@@ -120,7 +108,7 @@ def run_demo(cfg: Config, data: str, console: Any) -> int:
                     raise RuntimeError(f"the sampler exited with code {sampler.returncode}; see {sampler_log}")
                 time.sleep(0.2)
             code = trainer.returncode
-            _stop(sampler, "sampler")
+            stop_process(sampler, "sampler")
             if sampler.returncode != 0:
                 console.print(f"[red]the sampler exited with code {sampler.returncode}[/red]; see {sampler_log}")
             if code == 0 and os.path.exists(summary_path):
@@ -142,6 +130,6 @@ def run_demo(cfg: Config, data: str, console: Any) -> int:
         return 130
     finally:
         for name, proc in reversed(procs):
-            _stop(proc, name)
+            stop_process(proc, name)
         shutil.rmtree(cache, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)

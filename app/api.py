@@ -1,0 +1,72 @@
+"""What ``from app import StagingLoader`` gives: the library loader, plus a metrics endpoint on request.
+
+The library's ``app.loader.loader.StagingLoader`` serves nothing and knows no
+Prometheus; this front wires the face's parts to it: with ``metrics_port=`` it
+starts this process's ``/metrics``, ``/healthz`` and ``/readyz`` (the port is
+bound first, so one in use is refused before any worker starts) and hands the
+loader the exporter's sink. The exporter closes with the loader.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+from .config import Config, ConfigError
+from .loader import loader
+from .loader.rank import Rank
+from .metrics.catalog import LOADER
+from .metrics.exporter import Exporter
+from .sink import StatsSink, combine
+
+METRICS_PORT_SETTING = "metrics_port (--metrics-port / FEEDLINE_METRICS_PORT)"
+
+
+class StagingLoader(loader.StagingLoader):
+    """The staging loader; ``metrics_port`` (0: a free port) and ``metrics_addr`` serve its metrics."""
+
+    def __init__(self, *args: Any, metrics_port: int | None = None, metrics_addr: str = "127.0.0.1",
+                 sink: StatsSink | None = None, **kwargs: Any):
+        self.metrics: Exporter | None = None
+        if metrics_port is None:
+            super().__init__(*args, sink=sink, **kwargs)
+            return
+        launched = Rank.launched()
+        exporter = Exporter(LOADER, metrics_addr, metrics_port, setting=METRICS_PORT_SETTING,
+                            const_labels={"rank": str(launched.rank)} if launched is not None else None)
+        try:
+            super().__init__(*args, sink=combine(sink, exporter.sink), **kwargs)
+        except BaseException:
+            exporter.close()
+            raise
+        self.metrics = exporter
+        self._close_metrics = weakref.finalize(self, exporter.close)
+
+    @classmethod
+    def from_env(cls, shards: Any = None, *, env: dict[str, str] | None = None, **kwargs: Any) -> "StagingLoader":
+        """A loader set up the way the appliance is: the ``FEEDLINE_*`` settings compose and Kubernetes pass
+        (cache or shards, batch size, workers, device, ...; ``feedline train``'s defaults where unset), the
+        metrics endpoint on FEEDLINE_METRICS_PORT (9102; + LOCAL_RANK under torchrun), and the caller's
+        data code (``spec=``, ``transform=``, ``decode=``). A keyword argument wins over its setting."""
+        cfg = Config.load(env=env)
+        settings = cfg.loader_settings()
+        settings = settings.replace(**{k: kwargs.pop(k) for k in list(kwargs) if k in settings.names()})
+        if shards is not None:
+            source: dict[str, Any] = {"shards": shards}
+        elif "cache" in kwargs:
+            source = {"cache": kwargs.pop("cache")}
+        elif cfg.cache or cfg.shards:
+            source = cfg.loader_source()
+        else:
+            raise ConfigError("StagingLoader.from_env needs data: set FEEDLINE_CACHE (the sidecar's cache) or "
+                              "FEEDLINE_SHARDS, or pass shards= / cache=")
+        if "metrics_port" not in kwargs:
+            kwargs["metrics_port"] = cfg.trainer_port(int(os.environ.get("LOCAL_RANK", 0)))
+            kwargs.setdefault("metrics_addr", cfg.metrics_addr)
+        return cls.from_settings(settings, **source, **kwargs)
+
+    def close(self) -> None:
+        super().close()
+        if self.metrics is not None:
+            self._close_metrics()

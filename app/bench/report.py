@@ -1,0 +1,212 @@
+"""The benchmark's report: the issues' performance targets checked against one run's ratios, and
+``docs/benchmarks.md`` rendered from ``docs/benchmarks.json`` (every host's latest run)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .rounds import fmt_ratio, ratio
+
+
+def _pct(row: dict[str, Any], metric: str = "main_cpu_pct") -> str:
+    """``12.5 %`` with the rounds' range where there were several."""
+    lo, hi = row.get("range", {}).get(metric, (row[metric], row[metric]))
+    return f"{row[metric]:.1f} %" + (f" ({lo:.1f}-{hi:.1f})" if hi > lo else "")
+
+
+def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
+    """The issue's performance targets, checked against this run's ratios."""
+    out = []
+    raw = results["workloads"].get("raw")
+    if raw:
+        zc, cp, dl = raw["feedline (zero-copy)"], raw["feedline (copy)"], raw["DataLoader"]
+        r = ratio(zc, dl, "mb_per_s")
+        out.append({"target": "raw 1 MiB: >= 5x DataLoader MB/s", "value": fmt_ratio(r, 1), "met": r[0] >= 5})
+        out.append({"target": "raw 1 MiB: main-process CPU <= 10 % of a core", "value": _pct(zc),
+                    "met": zc["main_cpu_pct"] <= 10})
+        r = ratio(cp, zc, "mb_per_s")
+        out.append({"target": "raw 1 MiB: copy mode >= 80 % of zero-copy MB/s",
+                    "value": f"{100 * r[0]:.0f} % ({100 * r[1]:.0f}-{100 * r[2]:.0f})", "met": r[0] >= 0.8})
+        out.append({"target": "raw 1 MiB: copy mode main-process CPU <= 15 % of a core", "value": _pct(cp),
+                    "met": cp["main_cpu_pct"] <= 15})
+    jpeg = results["workloads"].get("jpeg")
+    if jpeg:
+        fl = jpeg["feedline (zero-copy)"]
+        r = ratio(fl, jpeg["DataLoader + stock Pillow"])
+        out.append({"target": "JPEG: >= 1.5x DataLoader + stock Pillow samples/s", "value": fmt_ratio(r),
+                    "met": r[0] >= 1.5})
+        r = ratio(fl, jpeg["DataLoader + pillow-simd"])
+        out.append({"target": "JPEG: >= 1.2x DataLoader + pillow-simd samples/s", "value": fmt_ratio(r),
+                    "met": r[0] >= 1.2})
+        core = jpeg["1 core, draft"]
+        share = _share(fl, core, workers)
+        out.append({"target": f"JPEG: >= 90 % of {workers} workers x the single-core decode+crop rate",
+                    "value": f"{100 * share[0]:.0f} % ({100 * share[1]:.0f}-{100 * share[2]:.0f}; "
+                             f"{fl['samples_per_s']:.0f} of {workers} x {core['samples_per_s']:.0f})",
+                    "met": share[0] >= 0.9})
+    cap = results["workloads"].get("captioned")
+    if cap:
+        fl, wd = cap["feedline (zero-copy)"], cap["webdataset + DataLoader"]
+        out.append({"target": "JPEG + caption + JSON: feedline vs webdataset + DataLoader (a row, no target)",
+                    "value": f"{fmt_ratio(ratio(fl, wd))} samples/s; main CPU "
+                             f"{fl['main_cpu_pct']:.1f} % vs {wd['main_cpu_pct']:.1f} %", "met": None})
+    sc = results.get("scaling")
+    if sc:
+        shares = _scaling(sc)
+        upto = max(1, sc["cpus"] - 2)
+        out.append({"target": f"JPEG decode scaling: >= 90 % of workers x the single-core rate up to cores - 2 "
+                              f"workers ({upto} here)",
+                    "value": "; ".join(f"{w}: {100 * m:.0f} %" for w, (m, _, _) in shares.items()),
+                    "met": all(m >= 0.9 for w, (m, _, _) in shares.items() if w <= upto)})
+    sb = results.get("sampler")
+    if sb:
+        f = sb["fill"]
+        out.append({"target": f"sampler: fill >= 1 GB/s from loopback HTTP with {f['threads']} fetch threads, "
+                              f"and >= curl",
+                    "value": f"{f['sampler_gb_per_s']:.2f} GB/s ({f['sampler_gb_per_s'] / f['curl_gb_per_s']:.2f}x "
+                             f"curl --parallel-max {f['threads']}: {f['curl_gb_per_s']:.2f} GB/s)",
+                    "met": f["sampler_gb_per_s"] >= 1.0 and f["sampler_gb_per_s"] >= f["curl_gb_per_s"]})
+        if "urllib_gb_per_s" in f:
+            out.append({"target": "sampler: fill vs the standard library's plain parallel download (urllib, a row)",
+                        "value": f"{f['sampler_gb_per_s'] / f['urllib_gb_per_s']:.2f}x "
+                                 f"({f['urllib_gb_per_s']:.2f} GB/s)", "met": None})
+        if "s3" in sb:
+            s3 = sb["s3"]
+            out.append({"target": "sampler: fill from a local S3 server vs boto3's own parallel download (a row)",
+                        "value": f"{s3['sampler_mb_per_s'] / s3['boto3_mb_per_s']:.2f}x ({s3['sampler_mb_per_s']:.0f} "
+                                 f"vs {s3['boto3_mb_per_s']:.0f} MB/s)", "met": None})
+        t = sb["training"]
+        share = t.get("ratio", t["filling"]["samples_per_s"] / t["prefilled"]["samples_per_s"])
+        spread = (f"; median of {t['rounds']} rounds: " + ", ".join(f"{100 * r:.0f}" for r in t["ratios"]) + " %"
+                  if "ratios" in t else "")
+        out.append({"target": "training while the sidecar fills: within 10 % of a pre-filled cache",
+                    "value": f"{100 * share:.0f} % ({t['filling']['samples_per_s']:.0f} vs "
+                             f"{t['prefilled']['samples_per_s']:.0f} samples/s{spread})", "met": share >= 0.9})
+    dist = results.get("distributed")
+    if dist:
+        one, two = dist["1x4"], dist["2x2"]
+        out.append({"target": "2 simulated nodes x 2 ranks vs 1 node x 4 ranks, same machine (a row)",
+                    "value": f"{two['samples_per_s'] / one['samples_per_s']:.2f}x ({two['samples_per_s']:.0f} vs "
+                             f"{one['samples_per_s']:.0f} samples/s)", "met": None})
+    cc = results.get("cuda_copy")
+    if cc and raw:
+        row = raw["feedline (copy)"]
+        out.append({"target": "CUDA: H2D GB/s of the loader's copies vs torch's pinned copy bandwidth",
+                    "value": f"{row.get('h2d_gb_per_s', 0):.1f} of {cc['pinned_gb_per_s']:.1f} GB/s while copying "
+                             f"(delivering {row['mb_per_s'] / 1e3:.1f} GB/s end to end)", "met": None})
+    return out
+
+
+def _share(row: dict[str, Any], single: dict[str, Any], workers: int) -> tuple[float, float, float]:
+    """``row``'s samples/s over ``workers`` x one core's rate: the median of per-round ratios, min, max."""
+    m, lo, hi = ratio(row, single)
+    return m / workers, lo / workers, hi / workers
+
+
+def _scaling(sc: dict[str, Any]) -> dict[int, tuple[float, float, float]]:
+    """Per worker count, its share of workers x one core's rate."""
+    single = sc["rows"]["1 core, draft"]
+    return {w: _share(sc["rows"][f"{w} workers"], single, w) for w in sc["workers"]}
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    lines = ["# Benchmarks", "",
+             "Written by `./scripts/bench` (`feedline bench`): every contender reads the same tar shards from",
+             "`/dev/shm` in one run, each in its own process, and hands batches to a loop that does nothing",
+             "else (an infinitely fast training step). Samples/s and MB/s count batch payload delivered to",
+             "that loop after a short warm-up; *main CPU* is the main process's CPU time (all its threads) per",
+             "wall second. Each contender runs once to warm up (discarded), then in R rounds; within a round",
+             "every contender runs once, in an order rotated each round. A figure is the median of the rounds",
+             "with their range in brackets; a ratio is the median of the per-round ratios (both sides measured",
+             "in the same round) with their range. Machines here are noisy: compare ratios within a run.", ""]
+    for host, r in sorted(doc.items()):
+        m = r["machine"]
+        lines += [f"## {host}", "",
+                  f"{r['when']}; {m['cpus']} CPUs, Python {m['python']}, torch {m['torch']}, PIL {m['pil']}"
+                  + (f", GPU {m['gpu']}" if "gpu" in m else "")
+                  + f"; {r['settings']['workers']} workers, batch {r['settings']['batch_size']}, "
+                    f"{r['settings']['seconds']:g} s per contender"
+                  + (f" and round, {r['settings']['rounds']} rounds" if "rounds" in r["settings"] else "")
+                  + (" (--quick: a check that everything runs, not a measurement)" if r["settings"].get("quick")
+                     else "") + ".", ""]
+        if not m["pil"].endswith(".post0"):
+            lines += [f"pillow-simd was not installed on this machine: every row ran with stock Pillow {m['pil']} "
+                      f"(see the PIL column), so rows named after pillow-simd are stock too, and the JPEG rows "
+                      f"compare the pipeline and draft mode, not the SIMD decoder.", ""]
+        if "gpu" in m:
+            lines += ["With CUDA the loader's batches are device tensors (zero-copy only changes CPU hosts), and "
+                      "the baselines' batches are moved with `.to('cuda', non_blocking=True)` from pinned memory.",
+                      ""]
+        for workload, rows in r["workloads"].items():
+            title = {"raw": "Raw 1 MiB incompressible samples",
+                     "jpeg": "JPEG ~500x375 photos, decode + random-resized-crop to 224x224",
+                     "captioned": "JPEG + .txt caption + .json metadata (an image-text dataset), pillow-simd "
+                                  "everywhere; captions and metadata arrive as lists"}[workload]
+            base_key = {"raw": "DataLoader", "jpeg": "DataLoader + stock Pillow",
+                        "captioned": "webdataset + DataLoader"}[workload]
+            lines += [f"### {title}", "", f"| contender | PIL | samples/s (range) | MB/s | main CPU % (range) | "
+                                          f"ratio to {base_key} (range) |",
+                      "|---|---|---:|---:|---:|---:|"]
+            for name, row in rows.items():
+                lo, hi = row.get("range", {}).get("samples_per_s", (row["samples_per_s"],) * 2)
+                rate = f"{row['samples_per_s']:.0f}" + (f" ({lo:.0f}-{hi:.0f})" if hi > lo else "")
+                mb = f"{row['mb_per_s']:.0f}" if "mb_per_s" in row else "—"
+                cpu = _pct(row).replace(" %", "") if "main_cpu_pct" in row else "—"
+                rel = fmt_ratio(ratio(row, rows[base_key])) if "mb_per_s" in row else "—"
+                lines.append(f"| {name} | {row['pil']} | {rate} | {mb} | {cpu} | {rel} |")
+            lines.append("")
+        if r.get("scaling"):
+            sc = r["scaling"]
+            lines += [f"### JPEG decode scaling ({sc['cpus']} CPUs)", "",
+                      "| workers | samples/s (range) | % of workers x one core's rate (range) |", "|---:|---:|---:|"]
+            for w, (m, lo, hi) in _scaling(sc).items():
+                row = sc["rows"][f"{w} workers"]
+                a, b = row.get("range", {}).get("samples_per_s", (row["samples_per_s"],) * 2)
+                lines.append(f"| {w} | {row['samples_per_s']:.0f} ({a:.0f}-{b:.0f}) | {100 * m:.0f} % "
+                             f"({100 * lo:.0f}-{100 * hi:.0f}) |")
+            one = sc["rows"]["1 core, draft"]
+            lines += ["", f"One core's decode+crop rate (pillow-simd, draft mode): {one['samples_per_s']:.0f} samples/s "
+                          f"(median of the rounds). Counts: 1, 2, 4, 8 and cores - 2, as far as this machine has CPUs.",
+                      ""]
+        if r.get("sampler"):
+            f, t = r["sampler"]["fill"], r["sampler"]["training"]
+            lines += ["### Sampler sidecar", "",
+                      f"Fill: {f['shards']} raw shards ({f['bytes'] / 1e9:.2f} GB) from `feedline serve` on 127.0.0.1 "
+                      f"(serving from /dev/shm) into an empty cache in /dev/shm with {f['threads']} fetch threads: "
+                      f"**{f['sampler_gb_per_s']:.2f} GB/s**; `curl --parallel --parallel-max {f['threads']}` of "
+                      f"the same files into /dev/shm: {f['curl_gb_per_s']:.2f} GB/s"
+                      + (f"; urllib in {f['threads']} threads: {f['urllib_gb_per_s']:.2f} GB/s (medians of "
+                         f"{f['reps']} interleaved runs)" if "urllib_gb_per_s" in f else "") + ".", ""]
+            if "s3" in r["sampler"]:
+                s3 = r["sampler"]["s3"]
+                lines += [f"S3: {s3['shards']} raw shards ({s3['bytes'] / 1e6:.0f} MB) from a local S3 server (moto "
+                          f"in server mode) with {s3['threads']} fetch threads: **{s3['sampler_mb_per_s']:.0f} MB/s**; "
+                          f"boto3's `download_file` of the same keys in {s3['threads']} threads: "
+                          f"{s3['boto3_mb_per_s']:.0f} MB/s (medians of {s3['reps']}; the server, one Python "
+                          f"process, is the bottleneck of both).", ""]
+            lines += [
+                      f"Training (JPEG workload, zero-copy) from a pre-filled cache: "
+                      f"{t['prefilled']['samples_per_s']:.0f} samples/s; from an empty cache the sidecar fills "
+                      f"during the run at {t['fill_mb_per_s']:.0f} MB/s ({t['shards_cached_at_end']} of "
+                      f"{t['shards']} shards cached at the end): {t['filling']['samples_per_s']:.0f} samples/s"
+                      + (f" (the median of {t['rounds']} interleaved pairs)." if "rounds" in t else "."), ""]
+        if r.get("distributed"):
+            lines += ["### Distributed (torchrun, DDP over gloo, `scripts/two-nodes`)", "",
+                      "| shape | samples/s | steps per rank | parameters identical |", "|---|---:|---|---|"]
+            for row in r["distributed"].values():
+                lines.append(f"| {row['nodes']} node(s) x {row['ranks_per_node']} ranks | {row['samples_per_s']:.0f} | "
+                             f"{row['steps_per_rank']} | {'yes' if row['identical_parameters'] else '**no**'} |")
+            lines += ["", "The demo model on the JPEG workload, 1 decode worker a rank, epochs after the first; "
+                          "two nodes each run their own sampler over their own partition of the store.", ""]
+        if r.get("cuda_copy"):
+            cc = r["cuda_copy"]
+            lines += [f"torch's own host-to-device copy here: pinned {cc['pinned_gb_per_s']:.1f} GB/s, "
+                      f"pageable {cc['pageable_gb_per_s']:.1f} GB/s.", ""]
+        lines += ["### Targets", "", "| target | this run | met |", "|---|---|---|"]
+        for t in r["targets"]:
+            met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
+            lines.append(f"| {t['target']} | {t['value']} | {met} |")
+        lines.append("")
+    return "\n".join(lines)
+
+

@@ -1,0 +1,66 @@
+"""The loader's view of a cache directory: the shards its manifest lists when an epoch starts."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .manifest import Manifest, read_manifest, shard_path
+from .readers import write_reader
+
+
+class CacheWaitTimeout(TimeoutError):
+    """The cache did not reach ``min_shards`` in time; the message says what to check."""
+
+
+class CacheSource:
+    """A ``ShardSource`` over a cache directory filled by the sampler sidecar.
+
+    It reports each epoch start (``readers/<rank>.json``) so the sampler can
+    grow the cache, and can wait for the cache to hold a minimum of shards.
+    """
+
+    growing = True
+
+    def __init__(self, cache_dir: str | os.PathLike):
+        self.cache_dir = os.fspath(cache_dir)
+        self.generation = -1
+        self.counts: dict[str, int] = {}  # samples per shard of the last snapshot, from the manifest
+
+    def manifest(self) -> Manifest | None:
+        try:
+            return read_manifest(self.cache_dir)
+        except FileNotFoundError:
+            return None
+
+    def snapshot(self) -> list[str]:
+        manifest = self.manifest()
+        if manifest is None:
+            return []
+        self.generation = manifest.generation
+        self.counts = {shard_path(self.cache_dir, s.id): s.samples for s in manifest.shards}
+        return list(self.counts)
+
+    def epoch_started(self, rank: int, epoch: int, shards: int) -> None:
+        write_reader(self.cache_dir, rank, epoch, self.generation, shards)
+
+    def wait_for(self, min_shards: int, timeout: float) -> list[str]:
+        """The snapshot once it holds ``min_shards``; a clear error after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                shards = self.snapshot()
+            except ValueError:  # a corrupt manifest: the sampler rebuilds it
+                shards = []
+            if len(shards) >= min_shards:
+                return shards
+            if time.monotonic() >= deadline:
+                raise CacheWaitTimeout(
+                    f"cache {self.cache_dir} holds {len(shards)} shard(s) after {timeout:.0f} s, fewer than "
+                    f"min_shards={min_shards}: is `feedline sample` running and filling it (its /readyz says "
+                    f"when)? Raise wait_timeout (FEEDLINE_WAIT_TIMEOUT) or lower min_shards (FEEDLINE_MIN_SHARDS)"
+                )
+            time.sleep(0.2)
+
+    def describe(self) -> str:
+        return f"cache {self.cache_dir}"

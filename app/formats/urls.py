@@ -1,0 +1,147 @@
+"""Shard lists as users write them: one set of rules for the loader's ``shards=`` and the sidecar's ``--source``.
+
+- brace lists expand as in bash and webdataset (``shard-{000000..000099}.tar``, ``{a,b}``, nested,
+  stepped ``{0..6..2}``, descending ``{3..1}``), through the ``braceexpand`` package;
+- several lists join with ``::`` (webdataset's convention);
+- ``file://`` URLs are local paths;
+- a name is a **shard** when its path, before any ``?query``, ends in a shard suffix (``.tar``,
+  ``.tar.gz``, ``.tgz``, ``.tar.zst``); an **index file** when it ends in an index suffix
+  (``.txt``, ``.lst``, ``.list``, ``.index``): one shard per line, optionally followed by its
+  sha256 and size; anything else is refused with these rules named;
+- a local directory stands for the shards in it; a local glob for the shards it matches; an
+  ``s3://bucket/prefix/`` that is neither a shard nor an index stands for the shards under it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from braceexpand import braceexpand
+
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd")
+INDEX_SUFFIXES = (".txt", ".lst", ".list", ".index")
+REMOTE_SCHEMES = ("http://", "https://", "s3://")
+RULES = (f"a shard ends in {', '.join(SHARD_SUFFIXES)} (before any ?query); an index file in "
+         f"{', '.join(INDEX_SUFFIXES)}; a local directory or glob stands for its shards")
+
+
+class ShardListError(ValueError):
+    """A shard list that names nothing readable; the message says which entry and the rules."""
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One line of an index file: a shard's URL or path, and what to verify it against."""
+
+    url: str
+    sha256: str = ""
+    size: int | None = None
+
+
+def expand(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """Every name a spec stands for, in order: ``::`` lists, then braces; ``file://`` made a path."""
+    items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+    out: list[str] = []
+    for item in items:
+        for part in os.fspath(item).split("::"):
+            part = part.strip()
+            if part:
+                out.extend(_local_path(name) for name in braceexpand(part))
+    return out
+
+
+def _local_path(name: str) -> str:
+    return urllib.parse.unquote(urllib.parse.urlsplit(name).path) if name.startswith("file://") else name
+
+
+def url_path(name: str) -> str:
+    """The path part of a URL or a local path: what the suffix rules look at."""
+    return urllib.parse.urlsplit(name).path if is_remote(name) else name
+
+
+def is_remote(name: str) -> bool:
+    return name.startswith(REMOTE_SCHEMES)
+
+
+def is_shard(name: str) -> bool:
+    return url_path(name).lower().endswith(SHARD_SUFFIXES)
+
+
+def is_index(name: str) -> bool:
+    return url_path(name).lower().endswith(INDEX_SUFFIXES)
+
+
+def compression(name: str) -> str | None:
+    """``gzip``, ``zstd`` or None for a shard name."""
+    path = url_path(name).lower()
+    if path.endswith((".tar.gz", ".tgz")):
+        return "gzip"
+    if path.endswith((".tar.zst", ".tar.zstd")):
+        return "zstd"
+    return None
+
+
+def shard_stem(name: str) -> str:
+    """The shard's name without its suffix, safe as a file name: ``.../train-0001.tar.gz?x=1`` -> ``train-0001``."""
+    base = os.path.basename(url_path(name))
+    for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
+        if base.lower().endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    return re.sub(r"[^A-Za-z0-9._-]", "_", base) or "shard"
+
+
+def parse_index(text: str, base: str) -> list[IndexEntry]:
+    """Lines of ``url [sha256] [size]``; ``#`` starts a comment; relative entries resolve against ``base``."""
+    entries = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        parts = line.split("#", 1)[0].split()
+        if not parts:
+            continue
+        url = _local_path(parts[0])
+        if not is_remote(url) and not os.path.isabs(url):
+            url = urllib.parse.urljoin(base, url) if is_remote(base) else os.path.join(os.path.dirname(base), url)
+        sha, size = "", None
+        for extra in parts[1:]:
+            if re.fullmatch(r"[0-9a-fA-F]{64}", extra):
+                sha = extra.lower()
+            elif extra.isdigit():
+                size = int(extra)
+            else:
+                raise ShardListError(f"index {base} line {lineno}: {extra!r} is neither a sha256 nor a size")
+        entries.append(IndexEntry(url, sha, size))
+    return entries
+
+
+def local_shards(names: Sequence[str]) -> list[IndexEntry]:
+    """The local shards that expanded names stand for: directories, globs, shard files, index files.
+
+    Names that match nothing (yet) give nothing: a growing directory or glob is no error here.
+    """
+    found: list[IndexEntry] = []
+    for name in names:
+        if is_remote(name):
+            raise ShardListError(f"{name} is remote; only local names are listed here")
+        if os.path.isdir(name):
+            found.extend(IndexEntry(p) for p in _shards_in(os.path.join(glob.escape(name), "*")))
+        elif glob.has_magic(name):
+            found.extend(IndexEntry(p) for p in _shards_in(name))
+        elif is_index(name) and os.path.isfile(name):
+            with open(name) as f:
+                found.extend(parse_index(f.read(), os.path.abspath(name)))
+        elif is_shard(name):
+            if os.path.exists(name):
+                found.append(IndexEntry(name))
+        elif os.path.exists(name):
+            raise ShardListError(f"{name} is neither a shard nor an index file: {RULES}")
+    unique = {os.path.abspath(e.url) if not is_remote(e.url) else e.url: e for e in found}
+    return [IndexEntry(url, e.sha256, e.size) for url, e in unique.items()]
+
+
+def _shards_in(pattern: str) -> list[str]:
+    return sorted(p for p in glob.glob(pattern) if is_shard(p) and os.path.isfile(p))

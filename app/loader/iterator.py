@@ -1,0 +1,139 @@
+"""One epoch as the training loop sees it: ``next()`` returns ready tensors and is the only place it waits.
+
+The time blocked inside ``next()`` is the data wait (GPU starvation); the time
+between one ``next()`` returning and the next call is the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .errors import LoaderError
+from .resume import Cursor
+from .stats import StatsRecorder
+from .transfer import DeviceBatch, DeviceQueue, DirectHandOff
+from .views import SlotView
+
+log = logging.getLogger("feedline.loader")
+
+
+class EpochIterator:
+    """Yields one epoch's batches; a zero-copy batch's slot is released at the following ``next()``."""
+
+    def __init__(self, epoch: int, current_epoch: Callable[[], int], queue: DeviceQueue | DirectHandOff,
+                 release: Callable[[int], None], stats: StatsRecorder, device: torch.device, cursor: Cursor,
+                 limit: int | None = None):
+        self._epoch = epoch
+        self._current_epoch = current_epoch
+        self._queue = queue
+        self._release = release
+        self._stats = stats
+        self._device = device
+        self._cursor = cursor
+        self._limit = limit  # batches every rank yields this epoch (equal_batches), or None: as many as there are
+        self._last: dict[str, Any] | None = None
+        self._padding = False
+        self._last_return: float | None = None
+        self._held_slot: int | None = None
+        self._held: list[SlotView] = []
+        self._pending_waits: list[tuple[Any, Any]] = []
+        self._done = False
+
+    def __iter__(self) -> "EpochIterator":
+        return self
+
+    def _release_held(self) -> None:
+        """The zero-copy batch handed out last gives its slot back; its tensors are detached first."""
+        if self._held_slot is None:
+            return
+        if self._last is not None and self._held:
+            # equal_batches may repeat it as padding after its slot is reused: keep a copy
+            self._last = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self._last.items()}
+        slot = self._held_slot
+        self._drop_views()
+        self._release(slot)
+
+    def _drop_views(self) -> None:
+        """A reference the loop kept to the held zero-copy batch raises on use from now on (views.py)."""
+        for t in self._held:
+            t.release()
+        self._held = []
+        self._held_slot = None
+
+    def loader_closed(self) -> None:
+        """The ring is about to be unmapped: a zero-copy batch still held must raise, not read freed memory."""
+        self._drop_views()
+        self._done = True
+
+    def __next__(self) -> dict[str, Any]:
+        called = time.perf_counter()
+        step = called - self._last_return if self._last_return is not None else None
+        self._release_held()
+        if self._done:
+            raise StopIteration
+        if self._epoch != self._current_epoch():
+            raise LoaderError(f"epoch {self._epoch} was abandoned when epoch {self._current_epoch()} started")
+        if self._limit is not None and self._cursor.batches >= self._limit:
+            self._finish()  # the other ranks have no more batches: stop with them (equal_batches)
+        item = self._queue.get()
+        wait = time.perf_counter() - called
+        self._stats.step(wait, step)
+        if item is None:
+            if self._limit is not None and self._cursor.batches < self._limit and self._last is not None:
+                return self._pad()
+            self._finish()
+        if item.event is not None:
+            self._hand_over_cuda(item)
+        self._held_slot = item.slot
+        tensors = item.tensors
+        if item.slot is not None:  # zero-copy: views of the slot, valid until the next next()
+            tensors = {k: SlotView.of(v) for k, v in tensors.items()}
+            self._held = list(tensors.values())
+        self._cursor.record(*item.origin)
+        self._last_return = time.perf_counter()
+        batch = {**tensors, **item.extra}
+        if self._limit is not None:
+            self._last = batch
+        return batch
+
+    def _finish(self) -> None:
+        self._done = True
+        self._last_return = None
+        self._cursor.finished = True
+        raise StopIteration
+
+    def _pad(self) -> dict[str, Any]:
+        """This rank ran out before the others: repeat its last batch (a copy: its slot may be reused)."""
+        if not self._padding:
+            self._padding = True
+            log.warning("epoch %d: this rank ran out of batches before the other ranks (samples were skipped, or "
+                        "equal_batches=pad); repeating its last batch to keep the ranks in step", self._epoch)
+        assert self._last is not None
+        self._cursor.batches += 1
+        self._last_return = time.perf_counter()
+        return {k: v.clone() if isinstance(v, torch.Tensor) else list(v) for k, v in self._last.items()}
+
+    def _hand_over_cuda(self, item: DeviceBatch) -> None:
+        """The consumer's stream waits for the copy on the GPU, not the host; measured lazily."""
+        stream = torch.cuda.current_stream(self._device)
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before.record(stream)
+        stream.wait_event(item.event)
+        after.record(stream)
+        for t in item.tensors.values():
+            t.record_stream(stream)
+        self._pending_waits.append((before, after))
+        while self._pending_waits and self._pending_waits[0][1].query():
+            b, a = self._pending_waits.pop(0)
+            self._stats.h2d_wait(b.elapsed_time(a) / 1000.0)
+
+    def __del__(self) -> None:
+        try:
+            self._release_held()
+        except Exception:
+            pass

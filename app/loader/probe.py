@@ -1,0 +1,141 @@
+"""Learn or check the batch layout from the data itself, in the trainer process, before any worker starts.
+
+A few samples spread over the first shards are decoded and transformed as a
+worker would. A declared spec is checked against each (a mismatch is refused at
+construction with the field named); an absent one is inferred from all of them,
+so a caption longer than the first one, or images of several sizes, are known
+before the epoch starts, not after. The shard indexes add the longest member of
+each extension, which sizes padded fields with headroom.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import SettingError
+from ..formats.decoders import Decoder, UnsafeMemberError
+from ..formats.shard_index import ShardError, load_index
+from .sample import FieldSelection, Transform, load_sample
+from .side import DEFAULT_SIDE_BYTES, KEY_ONLY_SIDE_BYTES, encode
+from .spec import SampleRejected, Spec, fill
+
+log = logging.getLogger("feedline.loader")
+
+PROBE_SHARDS = 8  # shards the samples are drawn from
+PROBE_PER_SHARD = 2  # samples read from the start of each
+
+
+@dataclass
+class Probe:
+    """What the first samples of the data look like."""
+
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    largest: dict[str, int] = field(default_factory=dict)  # longest member per extension, from the indexes
+
+
+def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted: set[str] | None,
+          transform: Transform | None) -> Probe:
+    """Decode (and transform) the first samples of the first shards, as a worker would."""
+    found = Probe()
+    for path in sorted(shards)[:PROBE_SHARDS]:
+        try:
+            index = load_index(path)
+        except ShardError as exc:
+            log.warning("%s", exc)
+            continue
+        for ref in index.samples:
+            for ext, (_, size) in ref.fields.items():
+                found.largest[ext] = max(found.largest.get(ext, 0), size)
+        refs = index.samples[:PROBE_PER_SHARD]
+        if not refs:
+            continue
+        with open(path, "rb") as f:
+            data = memoryview(f.read(max(off + size for s in refs for off, size in s.fields.values())))
+        for ref in refs:
+            try:
+                sample, _ = load_sample(data, path, ref, decoder, selection, wanted, transform, set())
+            except UnsafeMemberError as exc:
+                raise SettingError("fields", f"{path} sample {ref.key!r}: {exc}") from None
+            except Exception as exc:
+                log.warning("%s sample %r cannot be read (%s); trying the next", path, ref.key, exc)
+                continue
+            found.samples.append(sample)
+    return found
+
+
+def _capacities(found: Probe, selection: FieldSelection, transform: Transform | None) -> dict[str, int]:
+    """Longest member per field name, where fields are members as they are (no transform in between)."""
+    if transform is not None:
+        return {}
+    if selection.names is None:
+        return dict(found.largest)
+    return {name: max(found.largest.get(e, 0) for e in alts) for name, alts in selection.names.items()}
+
+
+def resolve_spec(spec: Spec | Mapping[str, Any] | None, shards: list[str], describe: str, decoder: Decoder,
+                 selection: FieldSelection, transform: Transform | None) -> tuple[Spec, list[dict[str, Any]]]:
+    """(the declared spec checked against the data, or one inferred from it; the samples probed)."""
+    declared = Spec.parse(spec) if spec is not None else None
+    if not shards:
+        if declared is not None:
+            return declared, []
+        raise SettingError("spec", "the cache holds no shard yet to infer the batch layout from; pass spec=")
+    wanted = declared.sources if declared is not None and transform is None else None
+    found = probe(shards, decoder, selection, wanted, transform)
+    if not found.samples:
+        if declared is not None:
+            return declared, []
+        raise SettingError("spec", f"no readable sample in the first shards of {describe} to infer the batch "
+                                   f"layout from; pass spec= or check the shards")
+    if declared is not None:
+        for sample in found.samples:
+            _check(declared, sample)
+        return declared, found.samples
+    try:
+        inferred = Spec.infer(found.samples, _capacities(found, selection, transform))
+    except ValueError as exc:
+        raise SettingError("spec", str(exc)) from None
+    log.info("inferred batch spec: %s", ", ".join(
+        f"{f.name} {f.dtype}" if f.side else
+        f"{f.name} {np.dtype(f.dtype).name}{list(f.shape)}{' variable' if f.variable else ''}"
+        for f in inferred.fields))
+    return inferred, found.samples
+
+
+def _check(spec: Spec, sample: dict[str, Any]) -> None:
+    for f in spec.fields:
+        if f.source not in sample:
+            have = sorted(k for k in sample if not k.startswith("__"))
+            raise SettingError("spec", f"field {f.name!r} reads {f.source!r}, which the data does not have "
+                                       f"(a sample has {have}); fix the spec's source, fields= or the transform")
+        try:
+            if f.side:
+                encode(f, sample[f.source])
+            else:
+                fill(f, np.zeros((1,) + f.shape, f.np_dtype), sample[f.source], np.zeros(1, np.int32), 0)
+        except SampleRejected as exc:
+            raise SettingError("spec", f"does not match the data: {exc} (sample {sample['__key__']!r} of "
+                                       f"{sample['__shard__']})") from None
+
+
+def resolve_side_bytes(side_bytes: int | None, spec: Spec, samples: list[dict[str, Any]]) -> int:
+    """The per-sample room for keys, text, JSON and bytes: the setting, or a default; checked on the probe."""
+    room = side_bytes or (DEFAULT_SIDE_BYTES if spec.side_fields else KEY_ONLY_SIDE_BYTES)
+    for sample in samples:
+        sizes = {"__key__": len(str(sample["__key__"]).encode())}
+        for f in spec.side_fields:
+            try:
+                sizes[f.name] = len(encode(f, sample[f.source]))
+            except (SampleRejected, KeyError):
+                continue
+        if sum(sizes.values()) > room:
+            detail = ", ".join(f"{k} {v}" for k, v in sizes.items())
+            raise SettingError("side_bytes", f"sample {sample['__key__']!r} of {sample['__shard__']} needs "
+                                             f"{sum(sizes.values())} bytes for its text, JSON and bytes fields "
+                                             f"({detail}), over side_bytes={room} per sample: raise side_bytes")
+    return room

@@ -1,0 +1,186 @@
+"""Where the training loop is in an epoch, as small plain data: ``state_dict()`` / ``load_state_dict()``.
+
+The state records what the loop *received* — per worker, the batches it had
+and the worker's stream position after them — never what the workers had
+decoded ahead, so batches in the ring or on the device queue when the state was
+taken are simply made again. With the same settings a resumed loader yields
+exactly the batches the interrupted one had left, in the same order.
+
+Elastic resume (another worker count or world size), and a resume after some of
+the epoch's shards left the cache: the worker streams are deterministic, so
+replaying the saved streams over the shards' sample counts (the state's, from a
+cache manifest, or the shard indexes) — no decoding — names every sample the
+interrupted run delivered; the resumed epoch leaves those out and splits the
+rest by the new ranks and workers. Guarantee: every sample of the epoch exactly
+once across the old and the new run, as long as the shards did not change in
+between; samples of shards gone since are lost, with a warning naming them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import SettingError
+from ..formats.shard_index import ShardError, load_index
+from .plan import EpochPlan, stream_seed
+from .rank import Rank
+from .stream import ShardProblem, shuffle_order
+
+log = logging.getLogger("feedline.loader")
+
+FORMAT = "feedline.loader/1"
+# Settings a state must share with the loader it is loaded into, unless elastic.
+EXACT = ("seed", "batch_size", "drop_last", "shuffle", "shuffle_buffer", "workers", "rank", "world_size")
+
+
+@dataclass
+class Cursor:
+    """The loop's progress through one epoch: batches received, and per worker [batches, stream position]."""
+
+    batches: int = 0
+    per_worker: list[list[int]] = field(default_factory=list)
+    finished: bool = False
+
+    @classmethod
+    def start(cls, workers: int, first: Sequence[int] | None = None,
+              delivered: Sequence[int] | None = None) -> "Cursor":
+        first = first or [0] * workers
+        delivered = delivered or [0] * workers
+        return cls(sum(first), [[b, p] for b, p in zip(first, delivered)])
+
+    def record(self, worker: int, batch: int, stream_pos: int) -> None:
+        """The loop received batch ``batch`` of ``worker``; a few list stores, on every ``next()``."""
+        self.batches += 1
+        w = self.per_worker[worker]
+        w[0], w[1] = batch + 1, stream_pos
+
+
+@dataclass(frozen=True)
+class Resume:
+    """How the next ``iter()`` starts: the epoch's plan, and where each worker goes on from (None: the start)."""
+
+    plan: EpochPlan
+    first: list[int] | None = None
+    delivered: list[int] | None = None
+
+
+def make_state(plan: EpochPlan | None, cursor: Cursor | None, next_epoch: int, settings: Mapping[str, Any],
+               counts: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The JSON-serializable state: format, the loader's settings that matter, the plan and the cursor.
+
+    ``counts`` (samples per shard, where the source knows them: a cache's manifest) let a resume replay
+    the epoch even after some of its shards are gone.
+    """
+    state: dict[str, Any] = {"format": FORMAT, "next_epoch": next_epoch, **settings}
+    if plan is None or cursor is None:
+        state["plan"] = None
+        return state
+    state.update(plan=plan.get_state(), batches=cursor.batches, finished=cursor.finished,
+                 per_worker=[list(w) for w in cursor.per_worker], counts=dict(counts or {}))
+    return state
+
+
+def _check_format(state: Mapping[str, Any]) -> None:
+    if not isinstance(state, Mapping) or state.get("format") != FORMAT:
+        got = state.get("format") if isinstance(state, Mapping) else type(state).__name__
+        raise SettingError("state", f"is not a feedline loader state of format {FORMAT!r} (got {got!r})")
+
+
+def _mismatches(state: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
+    return [f"{k}={state.get(k)!r} (this loader: {settings[k]!r})" for k in EXACT if state.get(k) != settings[k]]
+
+
+def _shard_changes(saved: Sequence[str], current: Sequence[str]) -> tuple[list[str], list[str]]:
+    now = set(current)
+    gone = [s for s in saved if s not in now]
+    new = sorted(now.difference(saved))
+    return gone, new
+
+
+def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], settings: Mapping[str, Any],
+                rank: Rank, current_shards: Sequence[str], growing: bool, elastic: bool) -> tuple[Resume | None, int]:
+    """(how the next epoch starts, or None for a fresh one; the number it gets) from saved state(s)."""
+    many = [states] if isinstance(states, Mapping) else list(states)
+    if not many:
+        raise SettingError("state", "no state was given")
+    for st in many:
+        _check_format(st)
+    if len(many) > 1 and not elastic:
+        raise SettingError("state", f"{len(many)} states (one per rank of the interrupted run) can only be loaded "
+                                    f"with elastic=True")
+    first = many[0]
+    if first["plan"] is None:  # taken before any epoch began
+        return None, int(first["next_epoch"])
+    epochs = {st["plan"]["epoch"] for st in many if st["plan"] is not None}
+    if len(epochs) > 1 or any(st["plan"] is None for st in many):
+        raise SettingError("state", f"the states are of different epochs ({sorted(epochs)}); give the states "
+                                    f"all ranks saved at the same step")
+    plan_state = first["plan"]
+    epoch = int(plan_state["epoch"])
+    wrong = _mismatches(first, settings)
+    if wrong and not elastic:
+        raise SettingError("state", f"was saved by a loader with other settings: {', '.join(wrong)}. Load it into a "
+                                    f"loader with those settings, or pass elastic=True to resume with every "
+                                    f"remaining sample of the epoch exactly once (in another order)")
+    saved = list(plan_state["shards"])
+    gone, new = _shard_changes(saved, current_shards)
+    if gone or new:
+        what = (f"{len(gone)} of the epoch's {len(saved)} shards are gone ({', '.join(gone[:5])}"
+                f"{', ...' if len(gone) > 5 else ''}): their samples not yet delivered are lost" if gone else "")
+        if not growing and not elastic:
+            raise SettingError("state", f"the shard list changed since the state was saved ("
+                                        f"{len(gone)} gone, {len(new)} new); pass the same shards, or "
+                                        f"elastic=True to go on with what is left")
+        if gone:
+            log.warning("resuming epoch %d: %s; the rest of the epoch is delivered as planned", epoch, what)
+    if all(st["finished"] for st in many):
+        return None, epoch + 1
+    if not wrong and not gone and len(many) == 1:  # exact: every worker goes on from its stream position
+        plan = EpochPlan.from_state(plan_state)
+        per_worker = first["per_worker"]
+        return Resume(plan, [b for b, _ in per_worker], [p for _, p in per_worker]), epoch
+    delivered = delivered_samples(many)
+    count = sum(len(v) for v in delivered.values())
+    log.info("resume of epoch %d by replay: %d samples were delivered before; the rest goes to %d rank(s) x %d "
+             "worker(s)", epoch, count, rank.world_size, settings["workers"])
+    plan = EpochPlan.make(saved, epoch=epoch, seed=int(settings["seed"]), rank=rank, workers=int(settings["workers"]),
+                          shuffle=bool(settings["shuffle"]),
+                          skip={path: tuple(sorted(v)) for path, v in delivered.items() if v})
+    return Resume(plan), epoch
+
+
+def delivered_samples(states: Sequence[Mapping[str, Any]]) -> dict[str, set[int]]:
+    """Per shard, the sample indexes the interrupted run(s) delivered: replayed from the saved streams."""
+    counts: dict[str, int] = {p: int(n) for st in states for p, n in st.get("counts", {}).items()}
+
+    def samples_of(path: str) -> int:
+        if path not in counts:
+            try:
+                counts[path] = len(load_index(path).samples)
+            except ShardError as exc:
+                log.warning("%s; its samples count as not delivered", exc)
+                counts[path] = 0
+        return counts[path]
+
+    done: dict[str, set[int]] = {}
+    for st in states:
+        plan = EpochPlan.from_state(st["plan"])
+        for path, indexes in plan.skip.items():
+            done.setdefault(path, set()).update(indexes)
+        skip = {path: set(v) for path, v in plan.skip.items()}
+        for w, shards in enumerate(plan.assignment):
+            taken = st["per_worker"][w][1] if not st["finished"] else float("inf")
+            if not taken:
+                continue
+            groups = ([(path, i) for i in range(samples_of(path)) if i not in skip.get(path, ())] for path in shards)
+            seed = stream_seed(plan.seed, plan.epoch, plan.rank.rank, w)
+            for n, item in enumerate(shuffle_order(groups, int(st["shuffle_buffer"]) if plan.shuffle else 0, seed)):
+                if n >= taken:
+                    break
+                assert not isinstance(item, ShardProblem)
+                path, i = item
+                done.setdefault(path, set()).add(i)
+    return done

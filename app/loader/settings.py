@@ -1,0 +1,171 @@
+"""``LoaderSettings``: how a ``StagingLoader`` runs, as plain values checked in one place.
+
+Every refusal is a ``SettingError`` naming the setting and what would work.
+The face's ``Config`` builds one from flags and ``FEEDLINE_*`` variables;
+``StagingLoader(...)``'s keyword arguments build one too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+from ..errors import SettingError
+from .autotune import AUTO
+from .rank import Rank
+
+# Workers start in a fresh interpreter (app.loader.launch), as spawn does: never fork — the trainer holds
+# CUDA and threads — and no forkserver, which would import the training script in its server.
+START_METHODS = ("spawn",)
+EQUAL_BATCHES = ("drop", "pad", "off")  # as app.loader.coordinate.MODES
+
+
+def _int(name: str, value: Any, minimum: int) -> int:
+    if not isinstance(value, Integral) or isinstance(value, bool) or value < minimum:
+        raise SettingError(name, f"must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _int_or_auto(name: str, value: Any, minimum: int) -> int | str:
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, Integral) or isinstance(value, bool) or value < minimum:
+        raise SettingError(name, f"must be 'auto' or an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _number(name: str, value: Any, minimum: float) -> float:
+    if not isinstance(value, Real) or isinstance(value, bool) or value < minimum:
+        raise SettingError(name, f"must be a number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def default_ring_slots(workers: int, transfer_threads: int, device_queue: int = 2) -> int:
+    """Two slots a worker, one a transfer thread, and the batches ready ahead of the loop."""
+    return 2 * workers + transfer_threads + device_queue
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """The staging loader's knobs; ``ring_slots`` None means ``default_ring_slots``, ``side_bytes`` None a default
+    (per sample, the room for the key and the text, JSON and bytes fields: 1 KiB with keys only, else 16 KiB),
+    ``decompress_dir`` None ``~/.cache/feedline/decompressed`` (plain copies of ``.tar.gz`` ``shards=``),
+    ``equal_batches`` how ranks of a torch.distributed job get the same number of batches (coordinate.py)."""
+
+    batch_size: int = 32
+    workers: int | str = 2  # or "auto" (autotune.py), resolved when the loader starts
+    transfer_threads: int | str = 1
+    ring_slots: int | None = None
+    device_queue: int = 2
+    device: str = "cpu"
+    zero_copy: bool = False
+    in_order: bool = True
+    shuffle: bool = True
+    shuffle_buffer: int = 1000
+    seed: int = 0
+    drop_last: bool = False
+    max_sample_errors: float = 0.05
+    worker_timeout: float = 60.0
+    side_bytes: int | None = None
+    decompress_dir: str | None = None
+    equal_batches: str = "drop"
+    start_method: str = "spawn"
+    rank: Rank | None = None
+    starvation_window: float = 30.0
+    min_shards: int = 1
+    wait_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "batch_size", _int("batch_size", self.batch_size, 1))
+        set_(self, "workers", _int_or_auto("workers", self.workers, 1))
+        set_(self, "transfer_threads", _int_or_auto("transfer_threads", self.transfer_threads, 1))
+        set_(self, "device_queue", _int("device_queue", self.device_queue, 1))
+        set_(self, "shuffle_buffer", _int("shuffle_buffer", self.shuffle_buffer, 0))
+        set_(self, "seed", _int("seed", self.seed, 0))
+        set_(self, "min_shards", _int("min_shards", self.min_shards, 1))
+        if self.side_bytes is not None:
+            set_(self, "side_bytes", _int("side_bytes", self.side_bytes, 64))
+        if self.ring_slots is not None:
+            set_(self, "ring_slots", _int("ring_slots", self.ring_slots, 2))
+            if self.workers != AUTO and self.ring_slots < self.workers:
+                raise SettingError("ring_slots", f"{self.ring_slots} is fewer than workers={self.workers}: give "
+                                                 f"every worker a slot (ring_slots >= {2 * self.workers} is a good "
+                                                 f"start)")
+        set_(self, "max_sample_errors", _number("max_sample_errors", self.max_sample_errors, 0.0))
+        set_(self, "worker_timeout", _number("worker_timeout", self.worker_timeout, 0.0))
+        set_(self, "starvation_window", _number("starvation_window", self.starvation_window, 0.001))
+        set_(self, "wait_timeout", _number("wait_timeout", self.wait_timeout, 0.0))
+        if self.equal_batches not in EQUAL_BATCHES:
+            raise SettingError("equal_batches", f"must be one of {', '.join(EQUAL_BATCHES)} (under torch.distributed "
+                                                f"every rank yields the smallest, or the largest, rank's batch count; "
+                                                f"off: as the shards fall), got {self.equal_batches!r}")
+        if self.start_method not in START_METHODS:
+            raise SettingError("start_method", f"must be 'spawn': workers start in a fresh interpreter (never "
+                                               f"fork after CUDA), got {self.start_method!r}")
+        device = str(self.device)
+        if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
+            raise SettingError("device", f"must be 'cpu' or 'cuda[:N]', got {device!r}")
+        set_(self, "device", device)
+        if self.rank is not None and not isinstance(self.rank, Rank):
+            raise SettingError("rank", f"must be a Rank(rank, world_size), got {self.rank!r}")
+        for name in ("zero_copy", "in_order", "shuffle", "drop_last"):
+            if not isinstance(getattr(self, name), bool):
+                raise SettingError(name, f"must be True or False, got {getattr(self, name)!r}")
+
+    @property
+    def slots(self) -> int:
+        """The ring's slot count, resolved (once workers and transfer threads are numbers)."""
+        if self.ring_slots is not None:
+            return self.ring_slots
+        assert isinstance(self.workers, int) and isinstance(self.transfer_threads, int), "resolve 'auto' first"
+        return default_ring_slots(self.workers, self.transfer_threads, self.device_queue)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def replace(self, **changes: Any) -> "LoaderSettings":
+        return dataclasses.replace(self, **changes)
+
+
+# DataLoader's keyword arguments, and what does their job here (README: "Coming from DataLoader").
+DATALOADER_EQUIVALENTS = {
+    "dataset": "shards= (paths, globs, brace lists) or cache= (the sidecar's cache directory)",
+    "num_workers": "workers=",
+    "pin_memory": "device='cuda' (the ring is page-locked once; batches arrive on the GPU)",
+    "pin_memory_device": "device='cuda:N'",
+    "collate_fn": "spec= and transform= (batches are dicts of fixed-shape tensors plus lists for text, JSON and "
+                  "bytes; per-sample work goes in transform=)",
+    "persistent_workers": "nothing: workers always live as long as the loader",
+    "timeout": "worker_timeout= (a worker that decodes nothing for that long is replaced, its work redone)",
+    "prefetch_factor": "ring_slots= (batches in flight; the default is 2 * workers + transfer_threads + 2)",
+    "sampler": "shuffle=, shuffle_buffer= and seed= (shards are shuffled per epoch and split by rank; there is "
+               "no index-based sampler)",
+    "batch_sampler": "batch_size= and drop_last= (no index-based sampler)",
+    "worker_init_fn": "the transform (it is pickled into each worker; workers seed random and numpy from "
+                      "(seed, epoch, rank, worker))",
+    "generator": "seed=",
+    "multiprocessing_context": "nothing: every worker starts in a fresh interpreter, never fork",
+}
+
+
+def unknown_argument(name: str) -> str:
+    """The message of the TypeError for a keyword StagingLoader does not take: the equivalent, or a near name."""
+    import difflib
+    import inspect
+
+    if name in DATALOADER_EQUIVALENTS:
+        return (f"StagingLoader() got DataLoader's keyword argument {name!r}; here that is "
+                f"{DATALOADER_EQUIVALENTS[name]}")
+    from .loader import StagingLoader  # the one list of keywords: the signature
+
+    known = [p for p in inspect.signature(StagingLoader.__init__).parameters if p not in ("self", "unknown")]
+    near = difflib.get_close_matches(name, known, n=1)
+    return f"StagingLoader() got an unexpected keyword argument {name!r}" + (f"; did you mean {near[0]}=?" if near
+                                                                             else "")

@@ -1,0 +1,102 @@
+"""Fields that are not tensors travel beside the ring slot: text, JSON and bytes, never pickled.
+
+Each slot has a side region of ``side_bytes`` per sample and a row of lengths
+per sample (one int32 per side field). The worker filling the slot packs each
+sample's side values back to back — the sample key first, always — and the
+trainer reads the used bytes once, into lists (``batch["__key__"]``,
+``batch["txt"]``, ...), before the slot is reused. Text travels as UTF-8, JSON
+as JSON text, bytes as they are. A sample's values may take ``side_bytes`` in all.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import accumulate
+from typing import Any
+
+import numpy as np
+
+from .spec import Field, SampleRejected
+
+KEY = Field("__key__", "text")  # every batch has the keys of its samples
+SIDE_LEN = "__side_len"  # (batch, fields) int32: each value's length
+SIDE_DATA = "__side"  # (batch, side_bytes) uint8: the values, back to back
+KEY_ONLY_SIDE_BYTES = 1024  # per sample, when the key is the only side field
+DEFAULT_SIDE_BYTES = 16384  # per sample, when captions or metadata travel too
+
+
+def encode(field: Field, value: Any) -> bytes:
+    """One value in its wire form; a value of the wrong kind is rejected with the field named."""
+    if field.dtype == "text":
+        if isinstance(value, str):
+            return value.encode("utf-8")
+        raise SampleRejected("shape_mismatch", f"field {field.name!r} is text but holds a {type(value).__name__}")
+    if field.dtype == "json":
+        try:
+            return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise SampleRejected("shape_mismatch", f"field {field.name!r} cannot travel as JSON ({exc}); convert "
+                                                   f"it in your transform") from None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, np.ndarray) and value.dtype == np.uint8:
+        return value.tobytes()
+    raise SampleRejected("shape_mismatch", f"field {field.name!r} is bytes but holds a {type(value).__name__}")
+
+
+class SideWriter:
+    """Packs the side values of a batch's samples back to back into its slot (in a worker, one batch at a time)."""
+
+    def __init__(self, fields: tuple[Field, ...], side_bytes: int):
+        self.fields = fields
+        self.side_bytes = side_bytes
+        self.offset = 0
+
+    def begin(self) -> None:
+        """A new batch: pack from the start of the slot's side region."""
+        self.offset = 0
+
+    def write(self, views: dict[str, np.ndarray], i: int, key: str, sample: dict[str, Any]) -> int:
+        """Bytes written for sample row ``i``; over ``side_bytes`` it is ``too_large``, naming the field."""
+        values = [key.encode("utf-8")]
+        total = len(values[0])
+        for f in self.fields[1:]:
+            data = encode(f, sample[f.source])
+            total += len(data)
+            if total > self.side_bytes:
+                raise SampleRejected(
+                    "too_large", f"field {f.name!r} ({len(data)} bytes) does not fit: the sample's text, JSON and "
+                                 f"bytes fields need {total}+ bytes, over side_bytes={self.side_bytes} per sample "
+                                 f"(raise side_bytes)")
+            values.append(data)
+        if total > self.side_bytes:
+            raise SampleRejected("too_large", f"the sample key takes {total} bytes, over side_bytes="
+                                              f"{self.side_bytes} per sample (raise side_bytes)")
+        region = views[SIDE_DATA].reshape(-1)
+        lengths = views[SIDE_LEN][i]
+        off = self.offset
+        for j, data in enumerate(values):
+            region[off : off + len(data)] = np.frombuffer(data, np.uint8)
+            lengths[j] = len(data)
+            off += len(data)
+        self.offset = off
+        return total
+
+
+def read(views: dict[str, np.ndarray], n: int, fields: tuple[Field, ...]) -> tuple[dict[str, list[Any]], int]:
+    """(the side values of the first ``n`` samples of a slot, one list per field; their bytes) — in the trainer."""
+    flat = views[SIDE_LEN][:n].ravel().tolist()  # sample-major: the order the worker packed them in
+    ends = list(accumulate(flat))
+    total = ends[-1] if ends else 0
+    blob = views[SIDE_DATA].reshape(-1)[:total].tobytes()  # one copy of what is used
+    width = len(fields)
+    out: dict[str, list[Any]] = {}
+    for j, f in enumerate(fields):
+        spans = [(e - k, e) for e, k in zip(ends[j::width], flat[j::width])]
+        if f.dtype == "text":
+            out[f.name] = [blob[a:b].decode("utf-8") for a, b in spans]
+        elif f.dtype == "json":
+            out[f.name] = [json.loads(blob[a:b]) for a, b in spans]
+        else:
+            out[f.name] = [blob[a:b] for a, b in spans]
+    return out, total

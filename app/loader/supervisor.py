@@ -1,0 +1,308 @@
+"""The supervisor: the worker processes' lifetimes — start, notice a death or a stall, replace, stop.
+
+A worker that dies (killed, a segfaulting decoder) or makes no progress for
+``worker_timeout`` seconds while it holds a slot (a deadlocked decoder, a hung
+network filesystem) is replaced; the replacement resumes its stream after the
+last batch the worker delivered, so nothing is lost or repeated. A sample in
+hand at two deaths or stalls of the same worker is skipped next time and
+counted. A worker that keeps dying without delivering is a ``LoaderError``.
+
+Only the pool's dispatcher thread calls it, except ``wake()``. Messages to a
+worker never block that thread: each worker has an outbox, flushed as its pipe
+takes bytes, so a stalled worker cannot stall the dispatcher that would notice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import LoaderError
+from .launch import Launcher, WorkerProcess
+from .messages import READY, STOP
+from .ring import BatchRing
+from .worker import STACK_SIGNAL
+
+log = logging.getLogger("feedline.loader")
+
+MAX_RESTARTS_WITHOUT_PROGRESS = 3
+STACK_WAIT = 1.0  # seconds a stalled worker gets to write its stack before it is killed
+START_TIMEOUT = 120.0  # seconds a new worker may take to start (spawn, imports) before it counts as stalled
+STOP_WAIT = 2.0  # seconds the workers get, together, to exit after STOP before they are killed
+
+
+@dataclass
+class ErrorBudget:
+    """``limit`` >= 1 is a count of bad samples per epoch; below 1 it is a fraction of samples seen."""
+
+    limit: float
+
+    def exceeded(self, errors: int, samples: int, final: bool) -> bool:
+        if self.limit >= 1:
+            return errors > self.limit
+        seen = errors + samples
+        return (final or seen >= 100) and seen > 0 and errors / seen > self.limit
+
+
+@dataclass(frozen=True)
+class InHand:
+    """What a worker is doing, from the ring's status table (see ``ring.STATUS_WORDS``)."""
+
+    epoch: int
+    pos: int  # >= 0: decoding that stream position; IDLE, SKIPPING or OPENING
+    shard: int  # ordinal in the worker's shard list
+    index: int  # sample index in that shard (SKIPPING: samples skipped so far)
+
+
+@dataclass
+class _Proc:
+    """One worker place: its current process and pipes, and its restart history this epoch."""
+
+    index: int
+    process: WorkerProcess | None = None
+    conn: Any = None  # multiprocessing.connection.Connection: messages from the worker
+    sock: socket.socket | None = None  # the same pipe, for sends that never block
+    outbox: bytearray = field(default_factory=bytearray)
+    stack_r: int = -1
+    started: bool = False  # it said READY: imports done, stack dumps armed
+    seen: InHand | None = None
+    progress_at: float = 0.0
+    restarts_without_progress: int = 0
+    last_crash_pos: int = -1
+    poison: set[int] = field(default_factory=set)
+
+
+class Supervisor:
+    """Owns W worker processes and their pipes."""
+
+    def __init__(self, ring: BatchRing, launcher: Launcher, setup: dict[str, Any], workers: int,
+                 worker_timeout: float, on_restart: Callable[[str], None]):
+        self._ring = ring
+        self._launcher = launcher
+        self._setup = setup
+        self.worker_timeout = worker_timeout
+        self._on_restart = on_restart
+        self._procs = [_Proc(i) for i in range(workers)]
+        self._selector = selectors.DefaultSelector()
+        self._fd_lock = threading.Lock()  # wake() against close(): never write into a reused fd number
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+
+    def start_all(self) -> None:
+        """Start every worker (from the dispatcher thread: a worker dies with the thread that started it)."""
+        for p in self._procs:
+            self._spawn(p)
+
+    # -- events -------------------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Make a ``wait`` in progress return now (any thread may call this)."""
+        with self._fd_lock:
+            if self._wake_w >= 0:
+                try:
+                    os.write(self._wake_w, b"x")
+                except OSError:
+                    pass
+
+    def wait(self, timeout: float) -> tuple[list[tuple[int, bytes]], list[int]]:
+        """(messages from workers, workers that died), after at most ``timeout`` seconds."""
+        messages: list[tuple[int, bytes]] = []
+        dead: list[int] = []
+        for key, events in self._selector.select(timeout):
+            kind, p = key.data
+            if kind == "wake":
+                os.read(self._wake_r, 4096)
+                continue
+            if kind == "dead":
+                if not p.process.is_alive():  # after its last results were read: the pipe came first
+                    dead.append(p.index)
+                continue
+            if events & selectors.EVENT_WRITE:
+                self._flush(p)
+            if events & selectors.EVENT_READ:
+                try:
+                    while p.conn.poll():
+                        msg = p.conn.recv_bytes()
+                        if msg == READY:
+                            p.started, p.progress_at = True, time.monotonic()
+                        else:
+                            messages.append((p.index, msg))
+                except (EOFError, OSError):
+                    p.process.join(timeout=1.0)
+                    dead.append(p.index)
+        return messages, list(dict.fromkeys(dead))
+
+    def send(self, worker: int, msg: bytes) -> None:
+        """Queue a message (framed as ``Connection.send_bytes`` frames it) and send what the pipe takes now."""
+        p = self._procs[worker]
+        if p.sock is None:
+            return  # it is being replaced; the replacement gets its plan and fills anew
+        p.outbox += struct.pack("!i", len(msg)) + msg
+        self._flush(p)
+
+    def _flush(self, p: _Proc) -> None:
+        assert p.sock is not None
+        try:
+            while p.outbox:
+                sent = p.sock.send(p.outbox, socket.MSG_DONTWAIT)
+                del p.outbox[:sent]
+        except BlockingIOError:
+            pass
+        except OSError:
+            p.outbox.clear()  # it died; its end of file brings the pool to replace(), which resends
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if p.outbox else 0)
+        if self._selector.get_key(p.conn).events != events:
+            self._selector.modify(p.conn, events, ("conn", p))
+
+    def progressed(self, worker: int) -> None:
+        """The worker delivered a batch: its restarts so far were not in vain."""
+        p = self._procs[worker]
+        p.restarts_without_progress = 0
+        p.progress_at = time.monotonic()
+
+    def in_hand(self, worker: int) -> InHand:
+        return InHand(*self._ring.status[worker].tolist())
+
+    def key_in_hand(self, worker: int) -> str:
+        return self._ring.key_in_hand(worker)
+
+    def stalled(self, busy: Callable[[int], bool]) -> list[int]:
+        """Workers that hold a slot and changed nothing in the status table for ``worker_timeout`` seconds."""
+        if self.worker_timeout <= 0:
+            return []
+        now = time.monotonic()
+        out = []
+        for p in self._procs:
+            if p.process is None or not busy(p.index):
+                p.seen, p.progress_at = None, now
+                continue
+            seen = self.in_hand(p.index)
+            if seen != p.seen:
+                p.seen, p.progress_at = seen, now
+            elif now - p.progress_at > (self.worker_timeout if p.started else max(self.worker_timeout,
+                                                                                  START_TIMEOUT)):
+                out.append(p.index)
+        return out
+
+    def stack_of(self, worker: int) -> str:
+        """Every thread's Python stack of a (stalled) worker, written by its faulthandler."""
+        p = self._procs[worker]
+        if p.process is None or not p.process.is_alive() or not p.started:
+            return ""
+        try:
+            os.kill(p.process.pid, STACK_SIGNAL)
+            os.kill(p.process.pid, signal.SIGCONT)  # a stopped process handles the signal once continued
+        except ProcessLookupError:
+            return ""
+        chunks: list[bytes] = []
+        deadline = time.monotonic() + STACK_WAIT
+        quiet_until = None
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(p.stack_r, 65536)
+            except BlockingIOError:
+                chunk = b""
+            if chunk:
+                chunks.append(chunk)
+                quiet_until = time.monotonic() + 0.1
+            elif quiet_until is not None and time.monotonic() > quiet_until:
+                break
+            else:
+                time.sleep(0.01)
+        return b"".join(chunks).decode("utf-8", "replace").rstrip()
+
+    # -- epochs and restarts --------------------------------------------------------------------------
+
+    def new_epoch(self) -> None:
+        for p in self._procs:
+            p.poison = set()
+            p.last_crash_pos = -1
+
+    def poison(self, worker: int) -> tuple[int, ...]:
+        return tuple(sorted(self._procs[worker].poison))
+
+    def replace(self, worker: int, reason: str, epoch: int, where: str = "") -> None:
+        """Start another process in place of ``worker`` (dead, or stalled: killed here)."""
+        p = self._procs[worker]
+        hand = self.in_hand(worker)
+        code = self._forget(p)
+        if hand.epoch == epoch and hand.pos >= 0:
+            if hand.pos == p.last_crash_pos:
+                p.poison.add(hand.pos)  # the same sample took it down twice: skip it next time
+            p.last_crash_pos = hand.pos
+        p.restarts_without_progress += 1
+        self._on_restart(reason)
+        what = "died" if reason == "crashed" else "stalled"
+        log.warning("worker %d %s (exit code %s)%s; replacing it", worker, what, code, where)
+        if p.restarts_without_progress > MAX_RESTARTS_WITHOUT_PROGRESS:
+            raise LoaderError(
+                f"worker {worker} {what} {p.restarts_without_progress} times without delivering a batch "
+                f"(last exit code {code}); see the worker log above"
+            )
+        self._spawn(p)
+
+    # -- processes ------------------------------------------------------------------------------------
+
+    def _spawn(self, p: _Proc) -> None:
+        self._ring.status[p.index] = (-1, -1, -1, -1)
+        proc, conn, stack_r = self._launcher.start(p.index, self._setup, [self._ring.memory.fd])
+        p.process, p.conn, p.stack_r = proc, conn, stack_r
+        p.sock = socket.socket(fileno=os.dup(conn.fileno()))
+        p.outbox.clear()
+        p.started, p.seen, p.progress_at = False, None, time.monotonic()
+        self._selector.register(conn, selectors.EVENT_READ, ("conn", p))
+        if proc.sentinel is not None:
+            self._selector.register(proc.sentinel, selectors.EVENT_READ, ("dead", p))
+
+    def _forget(self, p: _Proc) -> int | None:
+        """Kill a worker if it still runs, drop its pipes and handle; its exit code."""
+        for obj in (p.conn, p.process.sentinel if p.process is not None else None):
+            if obj is not None:
+                try:
+                    self._selector.unregister(obj)
+                except (KeyError, ValueError):
+                    pass
+        conn, sock, stack_r, proc = p.conn, p.sock, p.stack_r, p.process
+        p.conn, p.sock, p.stack_r, p.process = None, None, -1, None  # before closing: no second close
+        for closable in (conn, sock):
+            if closable is not None:
+                closable.close()
+        if stack_r >= 0:
+            os.close(stack_r)
+        if proc is None:
+            return None
+        proc.kill()
+        proc.join(timeout=2.0)
+        proc.close()
+        return proc.exitcode
+
+    def pids(self) -> list[int | None]:
+        return [p.process.pid if p.process is not None else None for p in self._procs]
+
+    def close(self, graceful: bool = True) -> None:
+        """Ask every worker to stop, give them ``STOP_WAIT`` together, kill what is left, close every pipe."""
+        if graceful:
+            for p in self._procs:
+                self.send(p.index, STOP)
+            deadline = time.monotonic() + STOP_WAIT
+            for p in self._procs:
+                if p.process is not None:
+                    p.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in self._procs:
+            self._forget(p)
+        self._selector.close()
+        with self._fd_lock:
+            fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)

@@ -1,0 +1,75 @@
+"""Every metric feedline exports (DESIGN.md, Metrics): name, type, help, label and its values.
+
+One table for both processes. The library parts push by these names (without
+the ``feedline_`` prefix) to their ``StatsSink``; ``PrometheusSink`` exposes
+them, every series present at 0 from the first scrape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import __version__
+from ..loader.messages import ERROR_REASONS, RESTART_REASONS
+from ..loader.stats import BYTE_STAGES, QUEUES, TIME_BUCKETS
+from ..sampler.errors import FETCH_ERRORS
+
+PREFIX = "feedline_"
+FETCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    """One metric family: counters are named with their ``_total`` suffix, as pushed and exported."""
+
+    name: str
+    kind: str  # counter | gauge | histogram
+    help: str
+    label: str | None = None
+    values: tuple[str, ...] = ()  # the label's values, each a series from the start
+    buckets: tuple[float, ...] = ()
+
+
+BUILD_INFO = MetricDef("build_info", "gauge", "Build metadata; the value is 1.", "version", (__version__,))
+
+LOADER: tuple[MetricDef, ...] = (
+    MetricDef("data_wait_seconds_total", "counter", "Time the training loop spent blocked in next(loader), "
+              "nothing else."),
+    MetricDef("data_wait_seconds", "histogram", "Time blocked in one next(loader) call.", buckets=TIME_BUCKETS),
+    MetricDef("step_seconds_total", "counter", "Wall time between consecutive next(loader) calls returning "
+              "(the consumer's step)."),
+    MetricDef("gpu_starvation_ratio", "gauge", "Data wait / (data wait + step) over the loader's sliding window."),
+    MetricDef("queue_depth", "gauge", "Items in each queue of the batch ring.", "queue", QUEUES),
+    MetricDef("queue_capacity", "gauge", "Capacity of each queue of the batch ring.", "queue", QUEUES),
+    MetricDef("workers", "gauge", "Decode worker processes, busy or idle.", "state", ("busy", "idle")),
+    MetricDef("transfer_threads", "gauge", "Transfer threads in the trainer process, as set or as auto chose "
+              "them (0: zero-copy on a CPU host, which needs none)."),
+    MetricDef("samples_total", "counter", "Samples decoded into the batch ring."),
+    MetricDef("bytes_total", "counter", "Bytes per stage: read from shards, decoded into the ring, transferred "
+              "to the loop.", "stage", BYTE_STAGES),
+    MetricDef("h2d_seconds", "histogram", "Host-to-device copy time per batch (a host copy on CPU hosts).",
+              buckets=TIME_BUCKETS),
+    MetricDef("h2d_wait_seconds_total", "counter", "Time the consumer's CUDA stream waited on the copy event "
+              "(CUDA only)."),
+    MetricDef("sample_errors_total", "counter", "Samples skipped: corrupt, too large, missing field, ...",
+              "reason", ERROR_REASONS),
+    MetricDef("worker_restarts_total", "counter", "Worker processes replaced: crashed (died) or stalled (no "
+              "progress for worker_timeout).", "reason", RESTART_REASONS),
+    MetricDef("loader_epoch", "gauge", "The epoch the loader is in."),
+    BUILD_INFO,
+)
+
+SAMPLER: tuple[MetricDef, ...] = (
+    MetricDef("cache_bytes", "gauge", "Bytes of published shards in the cache."),
+    MetricDef("cache_budget_bytes", "gauge", "The cache's byte budget."),
+    MetricDef("cache_shards", "gauge", "Published shards in the cache."),
+    MetricDef("cache_evictions_total", "counter", "Shards evicted from the cache."),
+    MetricDef("fetch_bytes_total", "counter", "Bytes of shards fetched and published."),
+    MetricDef("fetch_errors_total", "counter", "Failed shard fetch attempts, by reason.", "reason", FETCH_ERRORS),
+    MetricDef("fetch_seconds", "histogram", "Time to fetch one shard, retries included.", buckets=FETCH_BUCKETS),
+    MetricDef("fetch_retry_shards", "gauge", "Shards that failed and wait for their next try (never given up)."),
+    MetricDef("fetch_breaker_open", "gauge", "1 while the store's circuit breaker is open: it failed several times "
+              "in a row, and no fetch starts until its cool-down ends."),
+    MetricDef("shm_bytes", "gauge", "Size and free bytes of the cache filesystem.", "kind", ("size", "free")),
+    BUILD_INFO,
+)

@@ -1,0 +1,183 @@
+"""S3-compatible object stores (AWS S3, MinIO, Ceph, R2, GCS's S3 API) through boto3.
+
+Everything is the standard AWS configuration, read by boto3 itself: the
+credential chain (environment, ``AWS_PROFILE`` and the shared files, web
+identity / IRSA, instance metadata), ``AWS_ENDPOINT_URL`` or
+``AWS_ENDPOINT_URL_S3`` for a store that is not AWS, ``AWS_DEFAULT_REGION``.
+Retries with backoff are botocore's (standard mode); a large shard is fetched
+with s3transfer's ranged GETs in parallel. Every error names the bucket and
+key and says what is wrong: no credentials, access denied, no such bucket or
+key, the endpoint unreachable.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("feedline.sampler")
+
+SCHEME = "s3://"
+AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
+                 "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE")
+PART = 16 << 20  # ranged GETs of this size, in parallel, for shards larger than it
+
+
+class S3Error(Exception):
+    """An S3 request that failed for a reason a person can act on; ``reason`` is its fetch-error label."""
+
+    def __init__(self, reason: str, message: str, retry: bool):
+        super().__init__(message)
+        self.reason = reason
+        self.retry = retry
+
+
+@dataclass(frozen=True)
+class S3Object:
+    """A key in a bucket, and its size where a listing or HEAD told it."""
+
+    bucket: str
+    key: str
+    size: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{SCHEME}{self.bucket}/{self.key}"
+
+
+def split(url: str) -> tuple[str, str]:
+    """``s3://bucket/a/b.tar`` -> (``bucket``, ``a/b.tar``)."""
+    rest = url[len(SCHEME):]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise S3Error("denied", f"{url} names no bucket (s3://bucket/key)", retry=False)
+    return bucket, key
+
+
+class S3Client:
+    """One boto3 client (thread-safe) and a transfer configuration for every shard of a sidecar."""
+
+    def __init__(self, connect_timeout: float = 10.0, read_timeout: float = 30.0, retries: int = 3,
+                 threads: int = 4):
+        try:
+            import boto3
+            from boto3.s3.transfer import TransferConfig
+            from botocore.config import Config
+        except ImportError:
+            raise S3Error("denied", "s3:// sources need boto3 (pip install boto3; the image has it)",
+                          retry=False) from None
+        for name in AWS_VARIABLES:  # compose's ${AWS_REGION:-} gives "": that means unset, not a region named ""
+            if os.environ.get(name) == "":
+                del os.environ[name]
+        config = Config(connect_timeout=connect_timeout, read_timeout=read_timeout,
+                        retries={"max_attempts": retries + 1, "mode": "standard"},
+                        max_pool_connections=max(10, threads * (threads + 1)))  # threads x ranged GETs
+        self._client = boto3.session.Session().client("s3", config=config)
+        self._transfer = TransferConfig(multipart_threshold=PART, multipart_chunksize=PART, max_concurrency=threads,
+                                        use_threads=True)
+        self.endpoint = self._client.meta.endpoint_url
+
+    # -- errors ---------------------------------------------------------------------------------------
+
+    def _explain(self, exc: BaseException, what: str) -> S3Error:
+        from botocore.exceptions import (
+            ClientError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            PartialCredentialsError,
+            ReadTimeoutError,
+        )
+
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return S3Error("no_space", f"{what}: the cache filesystem is full ({exc.strerror}); it is tried again "
+                                       f"later", retry=False)
+        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+            return S3Error("denied", f"{what}: no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                                     f"(a Kubernetes Secret), AWS_PROFILE, or give the pod an IAM role",
+                           retry=False)
+        if isinstance(exc, EndpointConnectionError):
+            return S3Error("connection", f"{what}: the endpoint {self.endpoint} is unreachable ({exc}); set "
+                                         f"AWS_ENDPOINT_URL for a store that is not AWS", retry=True)
+        if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError)):
+            return S3Error("timeout", f"{what}: {exc}", retry=True)
+        if isinstance(exc, ClientError):
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            if code in ("NoSuchBucket",):
+                return S3Error("http_status", f"{what}: no such bucket at {self.endpoint}", retry=False)
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return S3Error("http_status", f"{what}: no such key", retry=False)
+            if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
+                return S3Error("denied", f"{what}: access denied ({code}): check the credentials and the bucket "
+                                         f"policy", retry=False)
+            return S3Error("http_status", f"{what}: {code or status} {exc}", retry=status >= 500 or status == 429)
+        return S3Error("connection", f"{what}: {type(exc).__name__}: {exc}", retry=True)
+
+    # -- requests -----------------------------------------------------------------------------------
+
+    def list(self, url: str) -> list[S3Object]:
+        """Every object under a prefix (``s3://bucket/prefix/``), with its size."""
+        bucket, prefix = split(url)
+        out = []
+        try:
+            for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                out.extend(S3Object(bucket, o["Key"], int(o["Size"])) for o in page.get("Contents", []))
+        except Exception as exc:
+            raise self._explain(exc, f"listing {url}") from None
+        return out
+
+    def size(self, url: str) -> int:
+        bucket, key = split(url)
+        try:
+            return int(self._client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+        except Exception as exc:
+            error = self._explain(exc, url)
+        if "no such key" in str(error):  # a HEAD answers 404 alone: is it the key or the whole bucket?
+            try:
+                self._client.head_bucket(Bucket=bucket)
+            except Exception as exc:
+                code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+                if code in ("404", "NoSuchBucket"):
+                    error = S3Error("http_status", f"s3://{bucket}: no such bucket at {self.endpoint}", retry=False)
+        raise error
+
+    def text(self, url: str) -> str:
+        bucket, key = split(url)
+        try:
+            return self._client.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+        except Exception as exc:
+            raise self._explain(exc, url) from None
+
+    def download(self, url: str, dest: str, progress: Callable[[int], None]) -> int:
+        """Fetch an object into ``dest`` (ranged, parallel GETs when large); ``progress(bytes)`` may raise to stop.
+
+        Returns the bytes written.
+        """
+        bucket, key = split(url)
+        written = 0
+        lock = threading.Lock()
+
+        def callback(n: int) -> None:  # called from s3transfer's threads
+            nonlocal written
+            with lock:
+                written += n
+            progress(n)
+
+        try:
+            with open(dest, "wb") as f:
+                self._client.download_fileobj(bucket, key, f, Config=self._transfer, Callback=callback)
+        except Exception as exc:
+            if type(exc).__module__.startswith("app."):  # the progress callback's own (a stop, a budget)
+                raise
+            raise self._explain(exc, url) from None
+        return written
+
+    @property
+    def client(self) -> Any:
+        return self._client

@@ -1,0 +1,196 @@
+"""feedline train as a real DDP job under torchrun (gloo on 127.0.0.1), and two nodes simulated on one machine."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from helpers import ROOT, descendants, gone, jpeg_bytes, write_tar
+
+TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+
+
+def jpeg_shards(directory, sizes, image=(32, 24)):
+    os.makedirs(directory, exist_ok=True)
+    for k, n in enumerate(sizes):
+        write_tar(os.path.join(directory, f"j-{k}.tar"),
+                  [(f"k{k}{i:03d}", {"jpg": jpeg_bytes(k * 1000 + i, image), "cls": str(i % 3).encode()})
+                   for i in range(n)])
+    return os.path.join(directory, "*.tar")
+
+
+def torchrun(*args, env=None, timeout=300):
+    return subprocess.run([TORCHRUN, "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={_port()}",
+                           *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def _port():
+    from app.demo.procs import free_port
+
+    return free_port()
+
+
+TRAIN = ["-m", "app.cli", "train", "--batch-size", "4", "--image-size", "16", "--workers", "1", "--progress",
+         "false", "--metrics-port", "0", "--dist-timeout", "60"]
+
+
+def test_two_nodes_on_one_machine_train_every_sample_once_in_step_with_identical_models(tmp_path):
+    data = jpeg_shards(str(tmp_path / "data"), [12] * 8)
+    out = tmp_path / "out"
+    env = {**os.environ, "FEEDLINE_EPOCHS": "1", "FEEDLINE_BATCH_SIZE": "4", "FEEDLINE_IMAGE_SIZE": "16",
+           "FEEDLINE_WORKERS": "1", "FEEDLINE_DIST_TIMEOUT": "60", "FEEDLINE_MIN_SHARDS": "4"}
+    run = subprocess.run([os.path.join(ROOT, "scripts", "two-nodes"), os.path.dirname(data), str(out)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads((out / "summary.json").read_text())
+    keys = [k for p in sorted(glob.glob(str(out / "keys.rank*"))) for k in open(p).read().split()]
+    assert len(glob.glob(str(out / "keys.rank*"))) == 4
+    assert sorted(keys) == sorted(f"k{k}{i:03d}" for k in range(8) for i in range(12))  # each once, 4 ranks
+    assert doc["ranks"] == 4 and len(set(doc["steps_per_rank"])) == 1
+    assert len(set(doc["parameter_checksum_per_rank"])) == 1  # DDP really synchronised the models
+    assert not glob.glob("/dev/shm/feedline-node*")  # the caches are gone
+
+
+def test_uneven_shards_give_every_rank_the_same_steps_and_no_hang(tmp_path):
+    data = jpeg_shards(str(tmp_path / "data"), [19, 20, 18, 21, 17, 22, 20, 19, 18, 21, 10])  # 205 in 11 shards
+    summary = tmp_path / "s.json"
+    run = torchrun(*TRAIN, "--shards", data, "--epochs", "2", "--summary-json", str(summary))
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(summary.read_text())
+    steps = doc["steps_per_rank"]
+    assert len(set(steps)) == 1 and steps[0] > 0
+    assert len(set(doc["parameter_checksum_per_rank"])) == 1
+
+
+@pytest.mark.parametrize("mode, pick", [("pad", max), ("drop", min)])
+def test_equal_batches_gives_every_rank_the_largest_or_the_smallest_count(tmp_path, mode, pick):
+    from app.loader.plan import EpochPlan
+    from app.loader.rank import Rank
+
+    data = jpeg_shards(str(tmp_path / "data"), [30, 8, 8])  # 3 shards for 2 ranks: never an even split
+    shards = sorted(glob.glob(data))
+    counts = [EpochPlan.make(shards, epoch=0, seed=0, rank=Rank(r, 2), workers=1).batches(4, False) for r in (0, 1)]
+    assert counts[0] != counts[1]
+    summary = tmp_path / "s.json"
+    run = torchrun(*TRAIN, "--shards", data, "--epochs", "1", "--equal-batches", mode, "--summary-json",
+                   str(summary))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(summary.read_text())["steps_per_rank"] == [pick(counts)] * 2
+
+
+PEEK = textwrap.dedent("""
+    import sys
+    import torch.distributed as dist
+    from app import StagingLoader
+    dist.init_process_group("gloo")
+    try:
+        with StagingLoader(sys.argv[1], batch_size=4, workers=1, spec={"cls": "int64"}) as loader:
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                if dist.get_rank() == 0 and epoch == 0:
+                    next(iter(loader))  # a peek at a batch: an extra iter() on this rank only
+                for batch in loader:
+                    pass
+    finally:
+        dist.destroy_process_group()
+""")
+
+
+def test_a_rank_that_iterates_out_of_step_gets_a_clear_error_not_overlapping_data(tmp_path):
+    data = jpeg_shards(str(tmp_path / "data"), [8, 8, 8, 8])
+    script = tmp_path / "peek.py"
+    script.write_text(PEEK)
+    run = torchrun(str(script), data, env={"PYTHONPATH": ROOT})
+    assert run.returncode != 0
+    assert "the ranks are in different epochs" in run.stderr and "set_epoch" in run.stderr
+
+
+def test_a_rank_that_dies_ends_the_job_with_an_error_instead_of_a_hang(tmp_path):
+    data = jpeg_shards(str(tmp_path / "data"), [40] * 4)
+    proc = subprocess.Popen([TORCHRUN, "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={_port()}",
+                             *TRAIN, "--shards", data, "--epochs", "50", "--step-ms", "50"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        ranks = []
+        while len(ranks) < 2 and time.monotonic() < deadline:  # the two trainer processes, once training
+            ranks = [p for p in descendants(proc.pid) if "app.cli" in _cmdline(p) and "train" in _cmdline(p)]
+            time.sleep(0.5)
+        time.sleep(3)
+        os.kill(max(ranks), signal.SIGKILL)  # a rank dies: a GPU fault, an OOM kill
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode != 0
+        assert time.monotonic() - t0 < 90
+        assert "SIGKILL" in out or "Signal 9" in out or "failed" in out.lower()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert gone(descendants(proc.pid))
+
+
+def _cmdline(pid):
+    try:
+        return open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def test_world_size_without_torchrun_is_refused_with_the_fix_named():
+    out = subprocess.run([sys.executable, "-m", "app.cli", "train", "--shards", "x"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "WORLD_SIZE": "4"})
+    assert out.returncode == 2
+    assert "WORLD_SIZE=4 but RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are not set" in out.stderr
+    assert "torchrun" in out.stderr
+
+
+@pytest.mark.parametrize("scope", ["global", "local"])
+def test_set_epoch_is_needed_under_a_process_group(tmp_path, scope):
+    data = jpeg_shards(str(tmp_path / "data"), [8, 8, 8, 8])
+    script = tmp_path / "again.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import torch.distributed as dist
+        from app import StagingLoader
+        dist.init_process_group("gloo")
+        try:
+            with StagingLoader(sys.argv[1], batch_size=4, workers=1, spec={"cls": "int64"}) as loader:
+                a = [k for b in loader for k in b["__key__"]]
+                b = [k for b in loader for k in b["__key__"]]  # no set_epoch: the same epoch again, said once
+                loader.set_epoch(1)
+                c = [k for b in loader for k in b["__key__"]]
+                # one write per rank: both ranks share torchrun's (unbuffered) stdout
+                sys.stdout.write(("same" if a == b else "moved") + " " + ("next" if c != a else "stuck") + "\\n")
+        finally:
+            dist.destroy_process_group()
+    """))
+    run = torchrun(str(script), data, env={"PYTHONPATH": ROOT, "FEEDLINE_RANK_SCOPE": scope})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split().count("same") == 2 and run.stdout.split().count("next") == 2
+    assert "starts again on this rank" in run.stderr
+
+
+def test_a_ddp_job_stopped_by_sigterm_resumes_and_trains_every_sample_once(tmp_path):
+    data = jpeg_shards(str(tmp_path / "data"), [24] * 4)
+    ckpt, keys = str(tmp_path / "ckpt"), str(tmp_path / "keys")
+    args = [*TRAIN, "--shards", data, "--epochs", "1", "--checkpoint", ckpt, "--trace-keys", keys]
+    proc = subprocess.Popen([TORCHRUN, "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={_port()}",
+                             *args, "--step-ms", "150"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and sum(len(open(p).read().split()) for p in glob.glob(keys + ".rank*")) < 16:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)  # torchrun passes it to both ranks, as Kubernetes' eviction does
+    out, _ = proc.communicate(timeout=120)
+    assert "stopping at step" in out and "checkpoint" in out, out[-3000:]  # torchrun itself exits 1 on SIGTERM
+    again = torchrun(*args, "--resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    trained = [k for p in glob.glob(keys + ".rank*") for k in open(p).read().split()]
+    assert sorted(trained) == sorted(f"k{k}{i:03d}" for k in range(4) for i in range(24))

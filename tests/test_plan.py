@@ -1,0 +1,81 @@
+"""The epoch plan and the scheduler, on their own: no processes, no ring."""
+
+from app.loader.messages import DONE, END, BatchResult
+from app.loader.plan import EpochPlan, WorkerPlan
+from app.loader.rank import Rank
+from app.loader.scheduler import EpochEnd, ReadyBatch, Scheduler
+
+SHARDS = [f"/data/s-{i:03d}.tar" for i in range(13)]
+
+
+def test_ranks_and_workers_split_the_shards_disjointly_and_completely():
+    parts = [a for r in range(3) for a in EpochPlan.make(SHARDS, epoch=2, seed=5, rank=Rank(r, 3), workers=2,
+                                                           shuffle=True).assignment]
+    flat = [s for part in parts for s in part]
+    assert sorted(flat) == sorted(SHARDS) and len(flat) == len(set(flat))
+
+
+def test_the_plan_depends_on_seed_and_epoch_only():
+    plan = EpochPlan.make(list(reversed(SHARDS)), epoch=1, seed=7, rank=Rank(0, 1), workers=3)
+    assert plan == EpochPlan.make(SHARDS, epoch=1, seed=7, rank=Rank(0, 1), workers=3)
+    assert plan != EpochPlan.make(SHARDS, epoch=2, seed=7, rank=Rank(0, 1), workers=3)
+    assert plan != EpochPlan.make(SHARDS, epoch=1, seed=8, rank=Rank(0, 1), workers=3)
+
+
+def test_a_plan_round_trips_through_its_plain_state():
+    plan = EpochPlan.make(SHARDS, epoch=4, seed=1, rank=Rank(1, 2), workers=3, shuffle=False)
+    assert EpochPlan.from_state(plan.get_state()) == plan
+    assert "epoch 4, rank 1 of 2: 6 of 13 shards, workers read 2/2/2" in plan.describe()
+
+
+def test_a_worker_plan_travels_as_json():
+    wp = EpochPlan.make(SHARDS, epoch=0, seed=3, rank=Rank(0, 1), workers=2).for_worker(1, resume=17, poison=[9, 4])
+    assert WorkerPlan.from_json(wp.to_json()) == wp
+    assert wp.poison == (4, 9) and wp.resume == 17
+
+
+def _result(kind, epoch, slot, batch, samples=4, pos=0):
+    return BatchResult(kind, epoch, slot, batch, samples, pos, 0, 0, 0, (0,) * 7)
+
+
+def test_slots_go_out_in_delivery_order_and_batches_come_back_in_it():
+    s = Scheduler(slots=3, workers=2)
+    s.start_epoch(0)
+    fills = [s.next_fill() for _ in range(3)]
+    assert fills == [(0, 0, 0), (1, 1, 0), (0, 2, 1)] and s.next_fill() is None  # (worker, slot, j)
+    s.on_result(1, _result(DONE, 0, 1, 0))  # worker 1 answers first
+    assert s.take() is None  # batch (0, worker 0) comes first
+    s.on_result(0, _result(DONE, 0, 0, 0))
+    assert s.take() == ReadyBatch(0, 0, 0, 4, 0, 0, 0) and s.take() == ReadyBatch(0, 1, 1, 4, 1, 0, 0)
+    s.release(0)
+    assert s.next_fill() == (1, 0, 1)
+
+
+def test_the_epoch_ends_when_every_worker_ran_out():
+    s = Scheduler(slots=2, workers=2)
+    s.start_epoch(3)
+    s.next_fill(), s.next_fill()
+    s.on_result(0, _result(END, 3, 0, 0, samples=0))
+    s.on_result(1, _result(DONE, 3, 1, 0, pos=4))
+    assert s.take() == ReadyBatch(3, 0, 1, 4, 1, 0, 4)
+    s.next_fill()  # worker 1's next batch
+    s.on_result(1, _result(END, 3, 0, 1, samples=0, pos=4))
+    assert s.take() == EpochEnd(3, 1)
+    assert s.progress().delivered == (0, 4) and s.progress().ended == (True, True)
+
+
+def test_answers_of_an_abandoned_epoch_only_return_their_slots():
+    s = Scheduler(slots=2, workers=1)
+    s.start_epoch(0)
+    s.next_fill()
+    s.start_epoch(1)
+    assert s.on_result(0, _result(DONE, 0, 0, 0)) is False
+    assert s.depths() == {"free": 2, "decoded": 0}
+
+
+def test_a_resumed_epoch_goes_on_from_each_workers_next_batch_in_the_same_order():
+    s = Scheduler(slots=4, workers=3)
+    s.start_epoch(0, first=[3, 3, 2], delivered=[30, 31, 20])  # the loop had (0..2, w0), (0..2, w1), (0..1, w2)
+    fills = [s.next_fill() for _ in range(4)]
+    assert [(w, j) for w, _, j in fills] == [(2, 2), (0, 3), (1, 3), (2, 3)]
+    assert s.delivered(0) == 30 and s.progress().delivered == (30, 31, 20)

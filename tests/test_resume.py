@@ -1,0 +1,235 @@
+"""Long runs survive restarts: the loader's state saved in one process and loaded in the next."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from helpers import ROOT, id_shards, publish_copy, shard_bytes
+
+from app import SettingError, StagingLoader
+from app.cache.store import CacheStore
+
+SPEC = {"cls": "int64", "bin": ("uint8", (64,))}
+
+# A training loop in its own process: loads saved state(s) if given, reads up to `epochs`, prints the ids of
+# every batch as JSON lines, saves loader.state_dict() where `saves` says ("epoch:batches" -> file), and
+# stops where `stop` says (as a preempted job would).
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    from app import StagingLoader
+    a = json.loads(sys.argv[1])
+    with StagingLoader(a["shards"], batch_size=8, workers=a["workers"], seed=11,
+                       spec={"cls": "int64", "bin": ("uint8", (64,))}) as loader:
+        if a.get("states"):
+            states = [json.load(open(p)) for p in a["states"]]
+            loader.load_state_dict(states if a.get("elastic") else states[0], elastic=a.get("elastic", False))
+        for epoch in range(loader.next_epoch, a.get("epochs", 2)):
+            for i, batch in enumerate(loader):
+                print(json.dumps(batch["cls"].tolist()), flush=True)
+                path = a.get("saves", {}).get(f"{epoch}:{i + 1}")
+                if path:
+                    json.dump(loader.state_dict(), open(path, "w"))
+                if a.get("stop") == [epoch, i + 1]:
+                    raise SystemExit(0)
+""")
+
+
+def run(tmp_path, env=None, **args):
+    script = tmp_path / "loop.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run([sys.executable, str(script), json.dumps(args)], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+@pytest.fixture
+def ids(tmp_path):
+    """The `shards` fixture's data as one glob: 6 shards, ids 0..221."""
+    id_shards(str(tmp_path / "ids"), shards=6, per_shard=37)
+    return str(tmp_path / "ids" / "*.tar")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_state_saved_after_batch_k_resumes_exactly_in_a_new_process(tmp_path, ids, workers):
+    per_epoch = 28  # 222 ids in batches of 8, each worker's last batch partial
+    ks = [0, 13, per_epoch]  # before the first batch, mid-epoch, after the last
+    saves = {f"0:{k}": str(tmp_path / f"state-{k}.json") for k in ks if k}
+    full = run(tmp_path, shards=ids, workers=workers, saves=saves)
+    assert len(full) == 2 * per_epoch and sorted(i for b in full[:per_epoch] for i in b) == list(range(222))
+    with StagingLoader(ids, batch_size=8, workers=workers, seed=11, spec=SPEC) as loader:
+        iter(loader)  # the epoch began; no batch yet
+        (tmp_path / "state-0.json").write_text(json.dumps(loader.state_dict()))
+    for k in ks:
+        rest = run(tmp_path, shards=ids, workers=workers, states=[str(tmp_path / f"state-{k}.json")])
+        assert full[:k] + rest == full, f"resuming after batch {k} changed the batches"
+
+
+def test_elastic_resume_from_two_workers_to_one_delivers_every_sample_once(tmp_path, ids):
+    head = run(tmp_path, shards=ids, workers=2, saves={"0:9": str(tmp_path / "s.json")}, stop=[0, 9])
+    rest = run(tmp_path, shards=ids, workers=1, states=[str(tmp_path / "s.json")], elastic=True)
+    first_epoch = [i for b in head + rest[: len(rest) - 28] for i in b]
+    assert sorted(first_epoch) == list(range(222))
+    assert sorted(i for b in rest[-28:] for i in b) == list(range(222))  # the next epoch is whole again
+
+
+def test_elastic_resume_from_two_ranks_to_one_delivers_every_sample_once(tmp_path, ids):
+    taken = []
+    for rank, k in ((0, 4), (1, 7)):
+        head = run(tmp_path, {"RANK": str(rank), "WORLD_SIZE": "2"}, shards=ids, workers=1,
+                   saves={f"0:{k}": str(tmp_path / f"r{rank}.json")}, stop=[0, k])
+        taken += [i for b in head for i in b]
+    rest = run(tmp_path, {"RANK": "0", "WORLD_SIZE": "1"}, shards=ids, workers=2, epochs=1, elastic=True,
+               states=[str(tmp_path / "r0.json"), str(tmp_path / "r1.json")])
+    assert sorted(taken + [i for b in rest for i in b]) == list(range(222))
+
+
+# -- refusals and warnings ------------------------------------------------------------------------------
+
+def _state_after(shards, batches, **kwargs):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=SPEC, **kwargs) as loader:
+        it = iter(loader)
+        for _ in range(batches):
+            next(it)
+        return json.loads(json.dumps(loader.state_dict()))
+
+
+@pytest.mark.parametrize("change, named", [({"seed": 5}, "seed=0"), ({"batch_size": 4}, "batch_size=8"),
+                                           ({"workers": 1}, "workers=2")])
+def test_a_state_from_other_settings_is_refused_naming_them(shards, change, named):
+    state = _state_after(shards, 3)
+    with StagingLoader(shards, spec=SPEC, **{"batch_size": 8, "workers": 2, **change}) as loader:
+        with pytest.raises(SettingError, match=f"other settings: .*{named}.*elastic=True"):
+            loader.load_state_dict(state)
+
+
+def test_a_state_over_other_shards_is_refused(shards, tmp_path):
+    state = _state_after(shards, 3)
+    extra = id_shards(str(tmp_path / "more"), shards=1, per_shard=5)
+    with StagingLoader([*shards, *extra], batch_size=8, workers=2, spec=SPEC) as loader:
+        with pytest.raises(SettingError, match="shard list changed"):
+            loader.load_state_dict(state)
+
+
+def test_something_else_than_a_state_is_refused(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=SPEC) as loader:
+        with pytest.raises(SettingError, match="not a feedline loader state"):
+            loader.load_state_dict({"epoch": 3})
+
+
+def test_a_resume_against_a_cache_that_lost_shards_warns_naming_them(cache, data, caplog):
+    store = CacheStore(cache, budget_bytes=10 * shard_bytes(data))
+    store.recover()
+    for k in range(4):
+        publish_copy(store, data, k)
+    spec = {"cls": "int64", "bin": ("uint8", (2048,))}
+    with StagingLoader(cache=cache, batch_size=8, workers=2, spec=spec) as loader:
+        it = iter(loader)
+        got = [i for _ in range(2) for i in next(it)["cls"].tolist()]
+        state = loader.state_dict()
+    store.evict_oldest(1)  # ids-0000 goes while the job is down
+    with caplog.at_level(logging.WARNING, logger="feedline.loader"):
+        with StagingLoader(cache=cache, batch_size=8, workers=2, spec=spec) as loader:
+            loader.load_state_dict(state)
+            got += [i for b in loader for i in b["cls"].tolist()]
+    assert any("ids-0000" in r.getMessage() and "gone" in r.getMessage() for r in caplog.records)
+    assert len(got) == len(set(got))  # nothing twice
+    assert set(range(20, 80)) <= set(got)  # every sample of the shards still there
+
+
+# -- the epoch API -----------------------------------------------------------------------------------------
+
+def test_set_epoch_chooses_the_epoch_as_distributed_sampler_does(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=SPEC) as a, \
+            StagingLoader(shards, batch_size=8, workers=2, spec=SPEC) as b:
+        a_epochs = [[i for x in a for i in x["cls"].tolist()] for _ in range(3)]
+        b.set_epoch(2)
+        assert [i for x in b for i in x["cls"].tolist()] == a_epochs[2]
+        assert b.epoch == 2 and b.next_epoch == 3
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_len_is_the_number_of_batches_the_epoch_yields(shards, drop_last):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=SPEC, drop_last=drop_last) as loader:
+        expected = len(loader)
+        assert sum(1 for _ in loader) == expected == (26 if drop_last else 28)
+
+
+def test_state_dict_is_cheap(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=SPEC) as loader:
+        it = iter(loader)
+        next(it)
+        t0 = time.perf_counter()
+        for _ in range(1000):
+            loader.state_dict()
+        per_call = (time.perf_counter() - t0) / 1000
+    assert per_call < 0.001  # a loose bound on a noisy machine; docs/benchmarks.md has the measured figure
+
+
+# -- feedline train ------------------------------------------------------------------------------------------
+
+def _train(data, ckpt, keys, *extra):
+    return [sys.executable, "-m", "app.cli", "train", "--shards", data, "--epochs", "1", "--batch-size", "4",
+            "--image-size", "32", "--checkpoint", ckpt, "--trace-keys", keys, "--progress", "false",
+            "--metrics-port", "0", *extra]
+
+
+@pytest.fixture
+def jpegs(tmp_path):
+    from helpers import jpeg_bytes, write_tar
+
+    d = tmp_path / "jpeg"
+    d.mkdir()
+    for k in range(4):
+        write_tar(str(d / f"j-{k}.tar"), [(f"k{k}{i:03d}", {"jpg": jpeg_bytes(i), "cls": str(i % 3).encode()})
+                                          for i in range(30)])
+    return str(d / "*.tar")
+
+
+def test_sigterm_checkpoints_and_resume_trains_every_sample_exactly_once(tmp_path, jpegs):
+    ckpt, keys = str(tmp_path / "ckpt"), str(tmp_path / "keys.txt")
+    proc = subprocess.Popen(_train(jpegs, ckpt, keys, "--step-ms", "100"), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while (not os.path.exists(keys) or len(open(keys).read().split()) < 20) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)  # what Kubernetes sends before evicting the pod
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "stopping at step" in out
+    trained = open(keys).read().split()
+    assert 20 <= len(trained) < 120
+    resumed = subprocess.run(_train(jpegs, ckpt, keys, "--resume"), cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from" in resumed.stderr
+    everything = open(keys).read().split()
+    assert sorted(everything) == sorted(f"k{k}{i:03d}" for k in range(4) for i in range(30))  # once each
+
+
+def test_a_save_killed_midway_leaves_the_previous_checkpoint_in_use(tmp_path, jpegs):
+    ckpt, keys = str(tmp_path / "ckpt"), str(tmp_path / "keys.txt")
+    first = subprocess.run(_train(jpegs, ckpt, keys, "--max-steps", "5"), cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    saved = sorted(os.listdir(ckpt))
+    torn = os.path.join(ckpt, ".tmp-step-000000099-4242")  # what a SIGKILL during a save leaves
+    os.makedirs(torn)
+    open(os.path.join(torn, "model.pt"), "wb").write(b"half a mod")
+    again = subprocess.run(_train(jpegs, ckpt, keys, "--resume", "--epochs", "2", "--max-steps", "5"), cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming from {os.path.join(ckpt, saved[-1])}" in again.stderr
+    assert not os.path.exists(torn)  # the next save swept it
+
+
+def test_resume_without_a_checkpoint_directory_is_refused():
+    out = subprocess.run([sys.executable, "-m", "app.cli", "train", "--shards", "x", "--resume"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "checkpoint" in out.stderr
