@@ -473,44 +473,92 @@ def test_a_transform_of_many_megabytes_reaches_every_worker(shards):
         assert sorted(ids_of(loader)) == list(range(6 * 37))
 
 
-# -- copy mode's recycled buffers ------------------------------------------------------------------
+# -- copy mode: batches the loop keeps ------------------------------------------------------------
 
-def _pool():
-    from app.loader.buffers import BufferPool
+class _Kept:
+    """A real ring and KeptBatches over it, the loop's part played by the test (no workers)."""
 
-    return BufferPool({"x": ((4, 3), torch.float32)}, keep=4)
+    def __init__(self, spare=2, slots=4):
+        from app.loader.kept import KeptBatches
+        from app.loader.ring import BatchRing, RingLayout
+        from app.loader.spec import Spec
+
+        self.ring = BatchRing(RingLayout(Spec.parse({"x": ("float32", (3,))}), 4), slots, 1)
+        self.released = []
+        self.kept = KeptBatches(self.ring, self.released.append, spare)
+
+    def take(self, slot, value, samples=4):
+        """Fill ``slot`` as a worker would (through the ring's own mapping) and hand it out."""
+        self.ring.slot(slot)["x"][:] = value
+        batch = {"x": torch.from_numpy(self.kept.views(slot)["x"][:samples])}
+        self.kept.hold(slot, batch)
+        return batch
+
+    def close(self):
+        self.kept.close()
+        self.ring.close()
 
 
-def test_a_copy_buffer_is_reused_once_the_batch_is_let_go():
-    pool = _pool()
-    first = pool.copy({"x": torch.ones(4, 3)})
-    ptr = first["x"].data_ptr()
-    del first
-    again = pool.copy({"x": torch.full((2, 3), 2.0)})  # a short last batch: a view of the same buffer
-    assert again["x"].data_ptr() == ptr and again["x"].shape == (2, 3) and pool.allocated == 1
+@pytest.fixture
+def kept():
+    k = _Kept()
+    yield k
+    k.close()
 
 
-def test_a_copy_buffer_still_seen_through_a_view_is_not_reused():
-    pool = _pool()
-    first = pool.copy({"x": torch.ones(4, 3)})
-    row = first["x"][1]
-    del first
-    pool.copy({"x": torch.full((4, 3), 2.0)})
-    assert torch.equal(row, torch.ones(3)) and pool.allocated == 2
+def test_a_slot_goes_back_once_its_batch_is_let_go(kept):
+    batch = kept.take(0, 1.0)
+    kept.kept.collect()
+    assert kept.released == []
+    del batch
+    kept.kept.collect()
+    assert kept.released == [0] and kept.kept.moved_out == 0
 
 
-def test_a_copy_buffer_saved_by_autograd_for_backward_is_not_reused():
-    pool = _pool()
+def test_a_slot_still_seen_through_a_view_or_a_numpy_array_stays_out(kept):
+    row, arr = kept.take(0, 1.0)["x"][1], kept.take(1, 2.0)["x"].numpy()
+    kept.kept.collect()
+    assert kept.released == []
+    del row, arr
+    kept.kept.collect()
+    assert sorted(kept.released) == [0, 1]
+
+
+def test_a_batch_saved_by_autograd_for_backward_stays_out_until_backward(kept):
     w = torch.ones(3, requires_grad=True)
-    loss = (pool.copy({"x": torch.full((4, 3), 3.0)})["x"] * w).sum()  # mul saves x for w's gradient
-    pool.copy({"x": torch.zeros(4, 3)})
+    loss = (kept.take(0, 3.0)["x"] * w).sum()  # mul saves x for w's gradient
+    kept.kept.collect()
+    assert kept.released == []
     loss.backward()
-    assert torch.equal(w.grad, torch.full((3,), 12.0)) and pool.allocated == 2
+    del loss
+    kept.kept.collect()
+    assert kept.released == [0] and torch.equal(w.grad, torch.full((3,), 12.0))
+
+
+def test_past_the_spare_the_oldest_kept_batch_is_copied_out_and_keeps_its_values(kept):
+    first = kept.take(0, 1.0)
+    view = first["x"][2:]  # a view taken before the move: it moves too
+    second, third = kept.take(1, 2.0, samples=2), kept.take(2, 3.0)
+    kept.kept.collect()  # three held, two allowed: the oldest is moved out, its slot given back
+    assert kept.released == [0] and kept.kept.moved_out == 1
+    kept.ring.slot(0)["x"][:] = 9.0  # a worker fills the slot again
+    assert torch.equal(first["x"], torch.ones(4, 3)) and torch.equal(view, torch.ones(2, 3))
+    again = kept.take(0, 4.0)  # the slot works as before, in a new frame
+    assert torch.equal(again["x"], torch.full((4, 3), 4.0)) and torch.equal(first["x"], torch.ones(4, 3))
+    assert torch.equal(second["x"], torch.full((2, 3), 2.0)) and torch.equal(third["x"], torch.full((4, 3), 3.0))
+
+
+def test_batches_held_at_close_are_copied_out_and_stay_valid():
+    k = _Kept()
+    batch = k.take(0, 5.0)
+    k.close()  # the ring's memory is gone: the batch lives in memory of its own
+    assert torch.equal(batch["x"], torch.full((4, 3), 5.0)) and k.kept.moved_out == 1
 
 
 def test_copy_mode_batches_kept_by_the_loop_never_change(shards):
     with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC) as loader:
         kept = [b for _ in range(2) for b in loader]  # every batch of two epochs, no clone
+        assert loader.stats().kept_batches_copied_total >= len(kept) - loader.ring_slots
     for batch in kept:  # the keys travel beside the ring, as lists: a changed tensor shows
         assert batch["cls"].tolist() == [int(k[1:]) for k in batch["__key__"]]
         for i, row in zip(batch["cls"].tolist(), batch["bin"]):

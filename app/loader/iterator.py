@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .errors import LoaderError
+from .kept import KeptBatches
 from .resume import Cursor
 from .stats import StatsRecorder
 from .transfer import DeviceBatch, DeviceQueue, DirectHandOff
@@ -23,12 +24,14 @@ log = logging.getLogger("feedline.loader")
 
 
 class EpochIterator:
-    """Yields one epoch's batches; a zero-copy batch's slot is released at the following ``next()``."""
+    """Yields one epoch's batches; a zero-copy batch's slot is released at the following ``next()``, a copy-mode
+    batch's once nothing references it (``kept``)."""
 
     def __init__(self, epoch: int, current_epoch: Callable[[], int], queue: DeviceQueue | DirectHandOff,
                  release: Callable[[int], None], stats: StatsRecorder, device: torch.device, cursor: Cursor,
-                 limit: int | None = None):
+                 limit: int | None = None, kept: KeptBatches | None = None):
         self._epoch = epoch
+        self._kept = kept
         self._current_epoch = current_epoch
         self._queue = queue
         self._release = release
@@ -74,6 +77,8 @@ class EpochIterator:
         called = time.perf_counter()
         step = called - self._last_return if self._last_return is not None else None
         self._release_held()
+        if self._kept is not None:
+            self._kept.collect()
         if self._done:
             raise StopIteration
         if self._epoch != self._current_epoch():
@@ -89,9 +94,11 @@ class EpochIterator:
             self._finish()
         if item.event is not None:
             self._hand_over_cuda(item)
-        self._held_slot = item.slot
         tensors = item.tensors
-        if item.slot is not None:  # zero-copy: views of the slot, valid until the next next()
+        if item.slot is not None and self._kept is not None:  # copy mode: the slot's until let go
+            self._kept.hold(item.slot, tensors)
+        elif item.slot is not None:  # zero-copy: views of the slot, valid until the next next()
+            self._held_slot = item.slot
             tensors = {k: SlotView.of(v) for k, v in tensors.items()}
             self._held = list(tensors.values())
         self._cursor.record(*item.origin)

@@ -30,6 +30,7 @@ from .autotune import AUTO
 from .coordinate import RankCoordinator
 from .errors import LoaderError
 from .iterator import EpochIterator
+from .kept import KeptBatches
 from .launch import Launcher
 from .pipeline import Pipeline
 from .plan import EpochPlan
@@ -143,7 +144,7 @@ class StagingLoader:
                                f"{per_rank} of the {len(first)} shards: use workers <= {max(1, per_rank)}, "
                                f"or split the data into more shards")
         self._stats = StatsRecorder(s.starvation_window, sink)
-        self._stats.configured(0 if s.zero_copy and self.device.type == "cpu" else int(s.transfer_threads))
+        self._stats.configured(0 if self.device.type == "cpu" else int(s.transfer_threads))
         p = self._pipeline = Pipeline()
         self._finalizer = weakref.finalize(self, p.close)
         try:
@@ -160,12 +161,20 @@ class StagingLoader:
             setup = WorkerSetup(RingHandle.of(p.ring), s.shuffle_buffer if s.shuffle else 0, s.drop_last,
                                 logging.getLogger("feedline").getEffectiveLevel())
             stats, slots = self._stats, s.slots
+
+            def tick() -> None:  # the dispatcher's, 4 times a second
+                if p.kept is not None:
+                    p.kept.give_back_idle()
+                stats.report_gauges(*p.gauges(slots))
+
             p.pool = WorkerPool(p.ring, p.launcher, setup.to_json(), s.workers, stats,
                                 ErrorBudget(s.max_sample_errors), in_order=s.in_order,
-                                worker_timeout=s.worker_timeout,
-                                on_tick=lambda: stats.report_gauges(*p.gauges(slots)))
-            if s.zero_copy and self.device.type == "cpu":
-                p.queue = DirectHandOff(p.pool, p.ring, stats)
+                                worker_timeout=s.worker_timeout, on_tick=tick)
+            if self.device.type == "cpu":
+                if not s.zero_copy:  # batches the loop may keep: the held ones beyond the spare are moved out
+                    p.kept = KeptBatches(p.ring, p.pool.release, spare=max(1, slots - 2 * s.workers),
+                                         on_copy=stats.kept_batch_copied)
+                p.queue = DirectHandOff(p.pool, p.ring, stats, p.kept)
             else:
                 p.queue = DeviceQueue(s.device_queue, s.in_order)
                 p.transfer = TransferStage(p.pool, p.ring, p.queue, stats, s.transfer_threads, self.device)
@@ -281,7 +290,7 @@ class StagingLoader:
         p.queue.start_epoch(plan.epoch)
         p.pool.start_epoch(plan, first, delivered)
         it = EpochIterator(plan.epoch, lambda: self._epoch, p.queue, p.pool.release, self._stats, self.device,
-                           self._cursor, limit)
+                           self._cursor, limit, p.kept)
         self._iterator = weakref.ref(it)
         return it
 

@@ -2,8 +2,9 @@
 
 Closing order matters: the device queue first (wakes a blocked put), the
 transfer threads (joined, so none releases a slot into a closed pool), the
-pool (its dispatcher stops the workers), the launcher's memfd, the rank
-coordinator's process group, the CUDA registration of the ring, the ring.
+pool (its dispatcher stops the workers), the batches the loop kept (moved
+out of the ring), the launcher's memfd, the rank coordinator's process
+group, the CUDA registration of the ring, the ring.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .coordinate import RankCoordinator
+from .kept import KeptBatches
 from .launch import Launcher
 from .pool import WorkerPool
 from .ring import BatchRing
@@ -25,6 +27,7 @@ class Pipeline:
         self.pool: WorkerPool | None = None
         self.queue: DeviceQueue | DirectHandOff | None = None
         self.transfer: TransferStage | None = None
+        self.kept: KeptBatches | None = None
         self.launcher: Launcher | None = None
         self.coordinator: RankCoordinator | None = None
         self.pinned_ptr: int | None = None
@@ -48,6 +51,8 @@ class Pipeline:
             self.transfer.close()  # before the pool: no thread still releases slots into it
         if self.pool is not None:
             self.pool.close()
+        if self.kept is not None:
+            self.kept.close()
         if self.launcher is not None:
             self.launcher.close()
         if self.coordinator is not None:
@@ -58,4 +63,4 @@ class Pipeline:
             self.pinned_ptr = None
         if self.ring is not None:
             self.ring.close()
-        self.ring = self.pool = self.queue = self.transfer = self.launcher = self.coordinator = None
+        self.ring = self.pool = self.queue = self.transfer = self.kept = self.launcher = self.coordinator = None

@@ -91,9 +91,12 @@ class WorkerPool:
                 self._cv.wait(timeout)
 
     def release(self, slot: int) -> None:
+        """Give a slot back; its next fill goes out from this thread, without waking the dispatcher."""
         with self._cv:
             self._scheduler.release(slot)
-        self._supervisor.wake()
+            waiting = self._feed()
+        if waiting:
+            self._supervisor.wake()
 
     def fail(self, exc: BaseException) -> None:
         with self._cv:
@@ -155,8 +158,7 @@ class WorkerPool:
             with self._cv:
                 if self._stopping:
                     return
-                self._send_plans()
-                self._assign()
+                self._feed()
             messages, dead = self._supervisor.wait(self._wait)
             with self._cv:
                 if self._stopping:
@@ -171,7 +173,8 @@ class WorkerPool:
                 if now - last_check >= self._wait:  # not on every message: it reads the status table
                     last_check = now
                     stalled = self._supervisor.stalled(self._scheduler.busy)
-                self._cv.notify_all()
+                if dead or self._scheduler.takeable():  # a consumer woken for nothing costs a thread switch
+                    self._cv.notify_all()
             for w in stalled:  # its stack is read without the lock: the loop keeps taking batches
                 if self._stopping:
                     return
@@ -186,19 +189,28 @@ class WorkerPool:
                 last_tick = now
                 self._on_tick()
 
-    def _send_plans(self) -> None:
+    def _feed(self) -> bool:
+        """Send pending epoch plans, then a fill for every free slot (under the lock); True if bytes wait for a
+        pipe (the dispatcher sends them)."""
+        return self._send_plans() | self._assign()
+
+    def _send_plans(self) -> bool:
+        waiting = False
         if self._plan is None:
-            return
+            return waiting
         for w, needed in enumerate(self._needs_plan):
             if needed:
                 plan = self._plan.for_worker(w, self._scheduler.delivered(w), self._supervisor.poison(w))
-                self._supervisor.send(w, encode_epoch(plan))
+                waiting |= self._supervisor.send(w, encode_epoch(plan))
                 self._needs_plan[w] = False
+        return waiting
 
-    def _assign(self) -> None:
+    def _assign(self) -> bool:
+        waiting = False
         while (fill := self._scheduler.next_fill()) is not None:
             w, slot, j = fill
-            self._supervisor.send(w, encode_fill(self._scheduler.epoch, slot, j))
+            waiting |= self._supervisor.send(w, encode_fill(self._scheduler.epoch, slot, j))
+        return waiting
 
     def _handle(self, w: int, msg: bytes) -> None:
         if msg[:1] == FATAL:

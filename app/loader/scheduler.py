@@ -182,6 +182,15 @@ class Scheduler:
             self._take_at = self._advance(key)
         return ReadyBatch(self.epoch, seq, slot, samples, key[1], key[0], pos)
 
+    def takeable(self) -> bool:
+        """``take()`` would return a batch or the EpochEnd now: the only news worth waking the consumer for."""
+        if self.epoch < 0:
+            return False
+        if self.in_order:
+            key = self._skip_ended(self._take_at)
+            return key is None or key in self._ready
+        return bool(self._ready) or self.finished
+
     def release(self, slot: int) -> None:
         self.free.append(slot)
 

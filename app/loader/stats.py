@@ -94,6 +94,7 @@ class LoaderStats:
     sample_errors_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_REASONS, 0))
     worker_restarts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESTART_REASONS, 0))
     decode_seconds_total: float = 0.0
+    kept_batches_copied_total: int = 0
     epoch: int = -1
 
     @property
@@ -163,6 +164,11 @@ class StatsRecorder:
             self._s.h2d_wait_seconds_total += seconds
         self._sink.inc("h2d_wait_seconds_total", seconds)
 
+    def kept_batch_copied(self) -> None:
+        with self._lock:
+            self._s.kept_batches_copied_total += 1
+        self._sink.inc("kept_batches_copied_total")
+
     def worker_restarted(self, reason: str) -> None:
         with self._lock:
             self._s.worker_restarts[reason] += 1
@@ -210,5 +216,6 @@ class StatsRecorder:
                 sample_errors_total=dict(s.sample_errors_total),
                 worker_restarts=dict(s.worker_restarts),
                 decode_seconds_total=s.decode_seconds_total,
+                kept_batches_copied_total=s.kept_batches_copied_total,
                 epoch=s.epoch,
             )

@@ -7,8 +7,8 @@ last batch the worker delivered, so nothing is lost or repeated. A sample in
 hand at two deaths or stalls of the same worker is skipped next time and
 counted. A worker that keeps dying without delivering is a ``LoaderError``.
 
-Only the pool's dispatcher thread calls it, except ``wake()``. Messages to a
-worker never block that thread: each worker has an outbox, flushed as its pipe
+Only the pool's dispatcher thread calls it, except ``send()`` and ``wake()``.
+Messages to a worker never block the sender: each worker has an outbox, flushed as its pipe
 takes bytes, so a stalled worker cannot stall the dispatcher that would notice.
 """
 
@@ -38,6 +38,8 @@ MAX_RESTARTS_WITHOUT_PROGRESS = 3
 STACK_WAIT = 1.0  # seconds a stalled worker gets to write its stack before it is killed
 START_TIMEOUT = 120.0  # seconds a new worker may take to start (spawn, imports) before it counts as stalled
 STOP_WAIT = 2.0  # seconds the workers get, together, to exit after STOP before they are killed
+_HEADER = struct.Struct("!i")  # a message's length, as multiprocessing's Connection frames it
+_RECV_BYTES = 1 << 16
 
 
 @dataclass
@@ -69,9 +71,10 @@ class _Proc:
 
     index: int
     process: WorkerProcess | None = None
-    conn: Any = None  # multiprocessing.connection.Connection: messages from the worker
-    sock: socket.socket | None = None  # the same pipe, for sends that never block
+    conn: Any = None  # multiprocessing.connection.Connection: the pipe's owner (and its fd for the selector)
+    sock: socket.socket | None = None  # the same pipe, read and written without blocking
     outbox: bytearray = field(default_factory=bytearray)
+    inbox: bytearray = field(default_factory=bytearray)  # bytes read that do not make a whole message yet
     stack_r: int = -1
     started: bool = False  # it said READY: imports done, stack dumps armed
     seen: InHand | None = None
@@ -94,6 +97,7 @@ class Supervisor:
         self._procs = [_Proc(i) for i in range(workers)]
         self._selector = selectors.DefaultSelector()
         self._fd_lock = threading.Lock()  # wake() against close(): never write into a reused fd number
+        self._out_lock = threading.Lock()  # a worker's outbox and socket: send() from any thread against _forget()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
@@ -118,6 +122,7 @@ class Supervisor:
         """(messages from workers, workers that died), after at most ``timeout`` seconds."""
         messages: list[tuple[int, bytes]] = []
         dead: list[int] = []
+        self._watch_writes()
         for key, events in self._selector.select(timeout):
             kind, p = key.data
             if kind == "wake":
@@ -128,30 +133,62 @@ class Supervisor:
                     dead.append(p.index)
                 continue
             if events & selectors.EVENT_WRITE:
-                self._flush(p)
-            if events & selectors.EVENT_READ:
-                try:
-                    while p.conn.poll():
-                        msg = p.conn.recv_bytes()
-                        if msg == READY:
-                            p.started, p.progress_at = True, time.monotonic()
-                        else:
-                            messages.append((p.index, msg))
-                except (EOFError, OSError):
-                    p.process.join(timeout=1.0)
-                    dead.append(p.index)
+                with self._out_lock:
+                    self._flush(p)
+            if events & selectors.EVENT_READ and not self._receive(p, messages):
+                p.process.join(timeout=1.0)
+                dead.append(p.index)
         return messages, list(dict.fromkeys(dead))
 
-    def send(self, worker: int, msg: bytes) -> None:
-        """Queue a message (framed as ``Connection.send_bytes`` frames it) and send what the pipe takes now."""
-        p = self._procs[worker]
-        if p.sock is None:
-            return  # it is being replaced; the replacement gets its plan and fills anew
-        p.outbox += struct.pack("!i", len(msg)) + msg
-        self._flush(p)
+    def _receive(self, p: _Proc, messages: list[tuple[int, bytes]]) -> bool:
+        """The whole messages waiting in a worker's pipe (``Connection.send_bytes`` frames); False at its end.
 
-    def _flush(self, p: _Proc) -> None:
+        Read straight from the socket: ``Connection.poll()`` builds a selector per call, which cost the
+        dispatcher more than the rest of its work on a batch.
+        """
         assert p.sock is not None
+        try:
+            data = p.sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if not data:
+            return False
+        buf = p.inbox
+        buf += data
+        pos, end = 0, len(buf)
+        while end - pos >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(buf, pos)
+            if end - pos - _HEADER.size < n:
+                break
+            msg = bytes(buf[pos + _HEADER.size : pos + _HEADER.size + n])
+            pos += _HEADER.size + n
+            if msg == READY:
+                p.started, p.progress_at = True, time.monotonic()
+            else:
+                messages.append((p.index, msg))
+        del buf[:pos]
+        return True
+
+    def send(self, worker: int, msg: bytes) -> bool:
+        """Queue a message (framed as ``Connection.send_bytes`` frames it) and send what the pipe takes now.
+
+        Any thread may send (the pool serializes them); True when bytes wait for the pipe: the dispatcher's
+        next ``wait`` sends them, so a sender other than the dispatcher then calls ``wake()``.
+        """
+        p = self._procs[worker]
+        with self._out_lock:
+            if p.sock is None:
+                return False  # it is being replaced; the replacement gets its plan and fills anew
+            p.outbox += _HEADER.pack(len(msg)) + msg
+            return self._flush(p)
+
+    def _flush(self, p: _Proc) -> bool:
+        """Send what the pipe takes now (under ``_out_lock``); True if bytes are left."""
+        if p.sock is None:
+            p.outbox.clear()
+            return False
         try:
             while p.outbox:
                 sent = p.sock.send(p.outbox, socket.MSG_DONTWAIT)
@@ -160,9 +197,16 @@ class Supervisor:
             pass
         except OSError:
             p.outbox.clear()  # it died; its end of file brings the pool to replace(), which resends
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if p.outbox else 0)
-        if self._selector.get_key(p.conn).events != events:
-            self._selector.modify(p.conn, events, ("conn", p))
+        return bool(p.outbox)
+
+    def _watch_writes(self) -> None:
+        """Select for writing exactly the pipes with bytes waiting (the dispatcher, before it selects)."""
+        for p in self._procs:
+            if p.conn is None:
+                continue
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if p.outbox else 0)
+            if self._selector.get_key(p.conn).events != events:
+                self._selector.modify(p.conn, events, ("conn", p))
 
     def progressed(self, worker: int) -> None:
         """The worker delivered a batch: its restarts so far were not in vain."""
@@ -259,6 +303,7 @@ class Supervisor:
         p.process, p.conn, p.stack_r = proc, conn, stack_r
         p.sock = socket.socket(fileno=os.dup(conn.fileno()))
         p.outbox.clear()
+        p.inbox.clear()
         p.started, p.seen, p.progress_at = False, None, time.monotonic()
         self._selector.register(conn, selectors.EVENT_READ, ("conn", p))
         if proc.sentinel is not None:
@@ -272,8 +317,9 @@ class Supervisor:
                     self._selector.unregister(obj)
                 except (KeyError, ValueError):
                     pass
-        conn, sock, stack_r, proc = p.conn, p.sock, p.stack_r, p.process
-        p.conn, p.sock, p.stack_r, p.process = None, None, -1, None  # before closing: no second close
+        with self._out_lock:
+            conn, sock, stack_r, proc = p.conn, p.sock, p.stack_r, p.process
+            p.conn, p.sock, p.stack_r, p.process = None, None, -1, None  # before closing: no second close
         for closable in (conn, sock):
             if closable is not None:
                 closable.close()

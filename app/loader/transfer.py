@@ -2,9 +2,9 @@
 
 With CUDA, each thread copies from the pinned ring to the device on its own
 stream and records an event; the slot is freed once the copy completed. On a
-CPU-only host the thread copies the slot into ordinary tensors; with
-``zero_copy`` no thread is needed: the loop gets views of the slot, which is
-freed at its next ``next()`` (DirectHandOff).
+CPU-only host no thread is needed: the loop gets tensors viewing the slot
+(DirectHandOff), freed at its next ``next()`` with ``zero_copy``, else once
+nothing references them (``kept.py``).
 The device queue is bounded by a window of sequence numbers, so it stays
 ordered and can never deadlock.
 """
@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import side
-from .buffers import BufferPool
 from .errors import LoaderError
+from .kept import KeptBatches
 from .pool import WorkerPool
-from .ring import BatchRing
+from .ring import BatchRing, RingLayout
 from .scheduler import EpochEnd, ReadyBatch
 from .stats import StatsRecorder
 
@@ -39,7 +39,7 @@ class DeviceBatch:
     tensors: dict[str, torch.Tensor]
     extra: dict[str, list[Any]]  # the side fields: keys, text, JSON, bytes
     origin: tuple[int, int, int]  # (worker, its batch number, its stream position after it): the resume cursor
-    slot: int | None = None  # held until the consumer moves on (zero-copy)
+    slot: int | None = None  # a CPU host's: the ring slot the tensors view, given back by the iterator
     event: Any = None  # CUDA event the consumer's stream waits on
 
 
@@ -118,26 +118,29 @@ def origin(item: ReadyBatch) -> tuple[int, int, int]:
     return item.worker, item.batch, item.stream_pos
 
 
-def read_slot(ring: BatchRing, slot: int, samples: int) -> tuple[dict[str, torch.Tensor], dict[str, list[Any]], int]:
-    """(tensors viewing the first ``samples`` rows of a slot — no copy —, its side fields as lists, bytes)."""
-    views = ring.slot(slot)
-    tensors = {name: torch.from_numpy(views[name][:samples]) for name in ring.layout.tensor_names}
-    extra, side_bytes = side.read(views, samples, ring.layout.side_fields)
+def read_slot(views: dict[str, np.ndarray], layout: RingLayout,
+              samples: int) -> tuple[dict[str, torch.Tensor], dict[str, list[Any]], int]:
+    """(tensors viewing the first ``samples`` rows of a slot's ``views`` — no copy —, its side fields as lists,
+    bytes)."""
+    tensors = {name: torch.from_numpy(views[name][:samples]) for name in layout.tensor_names}
+    extra, side_bytes = side.read(views, samples, layout.side_fields)
     return tensors, extra, sum(t.nbytes for t in tensors.values()) + side_bytes
 
 
 class DirectHandOff:
-    """Zero-copy on a CPU host: the loop takes filled slots straight from the pool, no thread between.
+    """A CPU host: the loop takes filled slots straight from the pool, no thread between.
 
-    Same interface as DeviceQueue; one thread hand-off fewer per batch.
+    Same interface as DeviceQueue; one thread hand-off fewer per batch. With ``kept`` (copy mode) the
+    tensors view the slot through its own frame, so a batch the loop keeps can be moved out of the ring.
     """
 
     capacity = 0
 
-    def __init__(self, pool: WorkerPool, ring: BatchRing, stats: StatsRecorder):
+    def __init__(self, pool: WorkerPool, ring: BatchRing, stats: StatsRecorder, kept: KeptBatches | None = None):
         self._pool = pool
         self._ring = ring
         self._stats = stats
+        self._views = kept.views if kept is not None else ring.slot
         self._epoch = -1
 
     def start_epoch(self, epoch: int) -> None:
@@ -155,7 +158,7 @@ class DirectHandOff:
             if item.epoch != self._epoch:
                 self._pool.release(item.slot)
                 continue
-            tensors, extra, nbytes = read_slot(self._ring, item.slot, item.samples)
+            tensors, extra, nbytes = read_slot(self._views(item.slot), self._ring.layout, item.samples)
             self._stats.transferred(nbytes, None)
             return DeviceBatch(item.epoch, item.seq, tensors, extra, origin(item), slot=item.slot)
 
@@ -167,7 +170,7 @@ class DirectHandOff:
 
 
 class TransferStage:
-    """T threads in the trainer process moving batches from ring slots to tensors."""
+    """T threads in the trainer process copying batches from the pinned ring to the GPU."""
 
     def __init__(self, pool: WorkerPool, ring: BatchRing, queue: DeviceQueue, stats: StatsRecorder,
                  threads: int, device: torch.device):
@@ -176,11 +179,6 @@ class TransferStage:
         self._queue = queue
         self._stats = stats
         self._device = device
-        self._buffers: BufferPool | None = None
-        if device.type == "cpu":  # copies the loop may keep, into buffers recycled once it let go of them
-            full = ring.slot(0)
-            shapes = {n: (tuple(full[n].shape), torch.from_numpy(full[n][:0]).dtype) for n in ring.layout.tensor_names}
-            self._buffers = BufferPool(shapes, keep=queue.capacity + threads + 2)
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, name=f"feedline-transfer-{i}", daemon=True) for i in range(threads)
@@ -198,7 +196,7 @@ class TransferStage:
             t.join(timeout=5.0)
 
     def _run(self) -> None:
-        stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
+        stream = torch.cuda.Stream(self._device)
         finished = -1
         try:
             while not self._stop.is_set():
@@ -218,23 +216,15 @@ class TransferStage:
                 self._queue.fail(exc)
 
     def _move(self, item: ReadyBatch, stream: Any) -> None:
-        views, extra, nbytes = read_slot(self._ring, item.slot, item.samples)
-        if stream is not None:
-            # blocking=True: the thread sleeps in synchronize() instead of spinning a core
-            start = torch.cuda.Event(enable_timing=True)
-            done = torch.cuda.Event(enable_timing=True, blocking=True)
-            with torch.cuda.stream(stream):
-                start.record(stream)
-                tensors = {k: v.to(self._device, non_blocking=True) for k, v in views.items()}
-                done.record(stream)
-            self._queue.put(DeviceBatch(item.epoch, item.seq, tensors, extra, origin(item), event=done))
-            done.synchronize()  # blocks this thread only; the slot is reusable once the copy landed
-            self._pool.release(item.slot)
-            self._stats.transferred(nbytes, start.elapsed_time(done) / 1000.0)
-        else:
-            t0 = time.perf_counter()
-            assert self._buffers is not None
-            tensors = self._buffers.copy(views)
-            self._pool.release(item.slot)
-            self._stats.transferred(nbytes, time.perf_counter() - t0)
-            self._queue.put(DeviceBatch(item.epoch, item.seq, tensors, extra, origin(item)))
+        views, extra, nbytes = read_slot(self._ring.slot(item.slot), self._ring.layout, item.samples)
+        # blocking=True: the thread sleeps in synchronize() instead of spinning a core
+        start = torch.cuda.Event(enable_timing=True)
+        done = torch.cuda.Event(enable_timing=True, blocking=True)
+        with torch.cuda.stream(stream):
+            start.record(stream)
+            tensors = {k: v.to(self._device, non_blocking=True) for k, v in views.items()}
+            done.record(stream)
+        self._queue.put(DeviceBatch(item.epoch, item.seq, tensors, extra, origin(item), event=done))
+        done.synchronize()  # blocks this thread only; the slot is reusable once the copy landed
+        self._pool.release(item.slot)
+        self._stats.transferred(nbytes, start.elapsed_time(done) / 1000.0)

@@ -43,7 +43,9 @@ LOADER: tuple[MetricDef, ...] = (
     MetricDef("queue_capacity", "gauge", "Capacity of each queue of the batch ring.", "queue", QUEUES),
     MetricDef("workers", "gauge", "Decode worker processes, busy or idle.", "state", ("busy", "idle")),
     MetricDef("transfer_threads", "gauge", "Transfer threads in the trainer process, as set or as auto chose "
-              "them (0: zero-copy on a CPU host, which needs none)."),
+              "them (0 on a CPU host, which needs none)."),
+    MetricDef("kept_batches_copied_total", "counter", "Batches copied out of the ring because the training loop "
+              "still held them (copy mode on a CPU host; a loop that keeps nothing copies nothing)."),
     MetricDef("samples_total", "counter", "Samples decoded into the batch ring."),
     MetricDef("bytes_total", "counter", "Bytes per stage: read from shards, decoded into the ring, transferred "
               "to the loop.", "stage", BYTE_STAGES),
