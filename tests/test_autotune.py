@@ -18,24 +18,25 @@ def test_a_cgroup_quota_is_read_in_cpus(tmp_path):
     assert autotune.cgroup_cpus(str(tmp_path / "absent")) is None
 
 
-def test_auto_leaves_one_cpu_to_the_training_loop_and_never_exceeds_the_shards(monkeypatch):
+def test_auto_leaves_one_cpu_to_the_training_loop(monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     cpus, _ = autotune.usable_cpus()
-    assert autotune.choose(None, "cpu").workers == max(1, cpus - 1)
-    assert autotune.choose(1, "cpu").workers == 1
+    assert autotune.choose("cpu").workers == max(1, cpus - 1)
+    monkeypatch.setattr(autotune, "usable_cpus", lambda: (1, "1 CPU"))
+    assert autotune.choose("cpu").workers == 1
 
 
 def test_auto_shares_the_cpus_among_the_ranks_on_the_node(monkeypatch):
     monkeypatch.setattr(autotune, "usable_cpus", lambda: (16, "16 CPUs"))
-    assert autotune.choose(None, "cuda", ranks_on_node=1).workers == 15
-    assert autotune.choose(None, "cuda", ranks_on_node=4).workers == 3
+    assert autotune.choose("cuda", ranks_on_node=1).workers == 15
+    assert autotune.choose("cuda", ranks_on_node=4).workers == 3
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    assert autotune.choose(None, "cuda").workers == 1
+    assert autotune.choose("cuda").workers == 1
 
 
 def test_auto_transfer_threads_are_two_with_cuda_and_one_on_a_cpu_host():
-    assert autotune.choose(None, "cuda").transfer_threads == 2
-    assert autotune.choose(None, "cpu").transfer_threads == 1
+    assert autotune.choose("cuda").transfer_threads == 2
+    assert autotune.choose("cpu").transfer_threads == 1
 
 
 def test_a_loader_with_auto_workers_starts_with_a_number_and_says_why(shards, caplog):

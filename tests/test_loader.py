@@ -468,6 +468,15 @@ class _WithTable:
         return sample
 
 
+def test_more_workers_than_shards_read_every_sample_once_and_all_take_part(tmp_path):
+    few = id_shards(str(tmp_path / "few"), shards=2, per_shard=30)
+    with StagingLoader(few, batch_size=4, workers=3, spec=ID_SPEC, drop_last=False) as loader:
+        assert len(loader) == 3 * 5  # each worker: 10 samples of each shard's thirds -> 20 -> 5 batches
+        ids = ids_of(loader)
+        busy = {w for w, (batches, _) in enumerate(loader.state_dict()["per_worker"]) if batches}
+    assert sorted(ids) == list(range(60)) and busy == {0, 1, 2}
+
+
 def test_a_transform_of_many_megabytes_reaches_every_worker(shards):
     with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, transform=_WithTable()) as loader:
         assert sorted(ids_of(loader)) == list(range(6 * 37))

@@ -34,6 +34,21 @@ def test_a_worker_plan_travels_as_json():
     assert wp.poison == (4, 9) and wp.resume == 17
 
 
+def test_fewer_shards_than_workers_are_split_so_every_worker_reads_the_same_share_of_each():
+    plan = EpochPlan.make(SHARDS[:3], epoch=0, seed=1, rank=Rank(0, 1), workers=8)
+    assert [len(a) for a in plan.assignment] == [3] * 8  # an eighth of each of the 3 shards
+    pieces = [(path, part) for a, ps in zip(plan.assignment, plan.parts) for path, part in zip(a, ps)]
+    assert sorted(pieces) == sorted((path, (k, 8)) for path in SHARDS[:3] for k in range(8))
+    assert "3 of 3 shards, each shard in 8 parts" in plan.describe()
+    wp = plan.for_worker(5)
+    assert wp.parts == {0: (5, 8), 1: (5, 8), 2: (5, 8)} and WorkerPlan.from_json(wp.to_json()) == wp
+
+
+def test_enough_shards_are_never_split():
+    plan = EpochPlan.make(SHARDS[:4], epoch=0, seed=1, rank=Rank(0, 1), workers=4)
+    assert all(part == (0, 1) for ps in plan.parts for part in ps) and plan.for_worker(0).parts == {}
+
+
 def _result(kind, epoch, slot, batch, samples=4, pos=0):
     return BatchResult(kind, epoch, slot, batch, samples, pos, 0, 0, 0, (0,) * 7)
 

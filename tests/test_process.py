@@ -128,7 +128,7 @@ def _train(*args):
 
 @pytest.mark.parametrize("args, named", [
     (["--shards", "/nonexistent/*.tar"], "shards (--shards / FEEDLINE_SHARDS): nothing matches"),
-    (["--workers", "8"], "workers (--workers / FEEDLINE_WORKERS): 8 but rank 0 of 1 gets only 3"),
+    (["--ring-slots", "100000000"], "ring_slots (--ring-slots / FEEDLINE_RING_SLOTS): the batch ring needs"),
     (["--device", "cuda"], "device (--device / FEEDLINE_DEVICE)"),
 ])
 def test_a_refused_setting_is_one_line_with_exit_code_2_and_no_traceback(tmp_path, args, named):

@@ -90,6 +90,22 @@ def test_elastic_resume_from_two_ranks_to_one_delivers_every_sample_once(tmp_pat
     assert sorted(taken + [i for b in rest for i in b]) == list(range(222))
 
 
+def test_shards_split_between_workers_resume_exactly_and_elastically(tmp_path):
+    few = id_shards(str(tmp_path / "few"), shards=2, per_shard=30)  # 3 workers: each reads a third of each
+    with StagingLoader(few, batch_size=4, workers=3, spec=SPEC, seed=3) as loader:
+        it = iter(loader)
+        head = [int(i) for _ in range(4) for i in next(it)["cls"]]
+        state = json.loads(json.dumps(loader.state_dict()))
+        tail = [int(i) for b in it for i in b["cls"]]
+    with StagingLoader(few, batch_size=4, workers=3, spec=SPEC, seed=3) as loader:
+        loader.load_state_dict(state)
+        assert [int(i) for b in loader for i in b["cls"]] == tail  # exact: the same batches, in order
+    with StagingLoader(few, batch_size=4, workers=1, spec=SPEC, seed=3) as loader:
+        loader.load_state_dict(state, elastic=True)
+        rest = [int(i) for b in loader for i in b["cls"]]
+    assert sorted(head + rest) == list(range(60))
+
+
 # -- refusals and warnings ------------------------------------------------------------------------------
 
 def _state_after(shards, batches, **kwargs):

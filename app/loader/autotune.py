@@ -2,9 +2,10 @@
 
 The CPUs this process may use (its affinity, capped by a cgroup CPU quota: a container's
 ``--cpus`` or a Kubernetes CPU limit), shared by the ranks torchrun started on this node; one of a
-rank's CPUs is left to the training loop, the rest decode. A rank never gets more workers than
-it has shards (when the shard list is fixed). CUDA gets two transfer threads (a copy in flight
-while the next is queued), a CPU host one. Each choice is logged with its reasons.
+rank's CPUs is left to the training loop, the rest decode; a rank with fewer shards than that
+splits them between its workers (``plan.assign``). CUDA gets two transfer threads (a copy in
+flight while the next is queued), a CPU host one (it starts no thread: the ring slot it counts
+is one more the loop may hold). Each choice is logged with its reasons.
 """
 
 from __future__ import annotations
@@ -49,23 +50,19 @@ class Choice:
     reason: str
 
 
-def choose(shards_per_rank: int | None, device_type: str, ranks_on_node: int | None = None) -> Choice:
-    """Workers and transfer threads for one rank; ``shards_per_rank`` None when the cache grows."""
+def choose(device_type: str, ranks_on_node: int | None = None) -> Choice:
+    """Workers and transfer threads for one rank."""
     cpus, found = usable_cpus()
     ranks = ranks_on_node or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     per_rank = max(1, cpus // max(1, ranks))
     workers = max(1, per_rank - 1)
     why = [f"{found}", f"{ranks} rank(s) on this node: {per_rank} CPU(s) a rank, one left to the training loop"]
-    if shards_per_rank is not None and workers > shards_per_rank:
-        workers = max(1, shards_per_rank)
-        why.append(f"only {shards_per_rank} shard(s) for this rank")
     threads = 2 if device_type == "cuda" else 1
     return Choice(workers, threads, "; ".join(why))
 
 
-def resolved(workers: int | str, transfer_threads: int | str, device_type: str,
-             shards_per_rank: int | None = None) -> tuple[int, int]:
+def resolved(workers: int | str, transfer_threads: int | str, device_type: str) -> tuple[int, int]:
     """Both settings as numbers: ``auto`` replaced by ``choose``'s pick."""
-    pick = choose(shards_per_rank, device_type)
+    pick = choose(device_type)
     return (pick.workers if workers == AUTO else int(workers),
             pick.transfer_threads if transfer_threads == AUTO else int(transfer_threads))

@@ -130,19 +130,15 @@ class StagingLoader:
 
         first = self.source.wait_for(s.min_shards, s.wait_timeout)
         if AUTO in (s.workers, s.transfer_threads):
-            choice = autotune.choose(None if self.source.growing else len(first) // self.rank.world_size,
-                                     self.device.type)
+            choice = autotune.choose(self.device.type)
             s = self.settings = s.replace(
                 workers=choice.workers if s.workers == AUTO else s.workers,
                 transfer_threads=choice.transfer_threads if s.transfer_threads == AUTO else s.transfer_threads)
             log.info("workers=%d, transfer_threads=%d (auto: %s)", s.workers, s.transfer_threads, choice.reason)
-        if not self.source.growing:
-            per_rank = len(first) // self.rank.world_size
-            if s.workers > per_rank:
-                raise SettingError(
-                    "workers", f"{s.workers} but rank {self.rank.rank} of {self.rank.world_size} gets only "
-                               f"{per_rank} of the {len(first)} shards: use workers <= {max(1, per_rank)}, "
-                               f"or split the data into more shards")
+        if not self.source.growing and len(first) < self.rank.world_size:  # more workers than shards is fine
+            raise SettingError(
+                "shards", f"{len(first)} shard(s) for {self.rank.world_size} ranks: rank {self.rank.rank} would get "
+                          f"none; run at most {len(first)} rank(s), or split the data into more shards")
         self._stats = StatsRecorder(s.starvation_window, sink)
         self._stats.configured(0 if self.device.type == "cpu" else int(s.transfer_threads))
         p = self._pipeline = Pipeline()
@@ -277,9 +273,6 @@ class StagingLoader:
         # under torch.distributed epochs are named (set_epoch), as with DistributedSampler: a second iter()
         # repeats the epoch on this rank instead of silently moving ahead of the others
         self._next_epoch = plan.epoch if p.coordinator is not None else plan.epoch + 1
-        if plan.rank_shards < s.workers:
-            log.warning("epoch %d: %d shards for %d ranks x %d workers; some workers sit idle",
-                        plan.epoch, len(plan.shards), self.rank.world_size, s.workers)
         log.debug("%s", plan.describe())
         limit = None
         if p.coordinator is not None:  # the same number of batches on every rank, or an error if out of step

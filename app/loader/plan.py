@@ -4,11 +4,17 @@ The plan is a value: the same (shards, seed, epoch, rank, workers) give the same
 plan on every rank and every run, so it can be described, stored and rebuilt.
 A worker receives its part as a ``WorkerPlan`` (JSON on the wire, never pickled),
 with the stream position to resume from after a restart.
+
+A rank with fewer shards than workers splits each shard into ``n`` parts —
+part ``k`` is the samples whose index ``i`` has ``i % n == k``, read through the
+shard's index, no copy — with ``n`` chosen so that every worker gets the same
+share of every shard: a few large shards still keep every core busy.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +37,38 @@ def split(items: list[str], index: int, count: int) -> list[str]:
     return items[index::count]
 
 
+Part = tuple[int, int]  # (k, n): the samples i of a shard with i % n == k
+WHOLE: Part = (0, 1)
+
+
+def in_part(index: int, part: Part) -> bool:
+    return index % part[1] == part[0]
+
+
+def part_size(samples: int, part: Part) -> int:
+    """How many of a shard's ``samples`` indexes fall in ``part``."""
+    k, n = part
+    return max(0, (samples - k + n - 1) // n)
+
+
+def assign(mine: list[str], workers: int) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[Part, ...], ...]]:
+    """(per worker, its shards in reading order; and the part of each it reads).
+
+    With at least as many shards as workers, every ``workers``-th shard, whole. With fewer, every shard
+    is split into ``workers / gcd(shards, workers)`` parts and worker ``w`` reads part ``w`` of each
+    shard it is given: the same share of every shard for every worker (3 shards, 8 workers: each reads
+    an eighth of each shard).
+    """
+    if len(mine) >= workers or not mine:
+        return (tuple(tuple(split(mine, w, workers)) for w in range(workers)),
+                tuple(tuple(WHOLE for _ in split(mine, w, workers)) for w in range(workers)))
+    n = workers // math.gcd(len(mine), workers)
+    pieces = [(path, (k, n)) for path in mine for k in range(n)]
+    mine_w = [split(pieces, w, workers) for w in range(workers)]  # type: ignore[arg-type]
+    return (tuple(tuple(path for path, _ in ps) for ps in mine_w),
+            tuple(tuple(part for _, part in ps) for ps in mine_w))
+
+
 def stream_seed(seed: int, epoch: int, rank: int, worker: int) -> str:
     """Seed of a worker's sample shuffle buffer and its transforms' randomness."""
     return f"feedline-samples:{seed}:{epoch}:{rank}:{worker}"
@@ -48,6 +86,7 @@ class WorkerPlan:
     resume: int = 0  # samples of the stream already delivered: skip them
     poison: tuple[int, ...] = ()  # stream positions that crashed a worker twice: skip and count
     skip: dict[int, tuple[int, ...]] = field(default_factory=dict)  # shard ordinal -> sample indexes left out
+    parts: dict[int, Part] = field(default_factory=dict)  # shard ordinal -> the part read (absent: whole)
 
     @property
     def stream_seed(self) -> str:
@@ -56,14 +95,16 @@ class WorkerPlan:
     def to_json(self) -> str:
         return json.dumps({"epoch": self.epoch, "seed": self.seed, "rank": self.rank, "worker": self.worker,
                            "shards": list(self.shards), "resume": self.resume, "poison": list(self.poison),
-                           "skip": {str(k): list(v) for k, v in self.skip.items()}})
+                           "skip": {str(k): list(v) for k, v in self.skip.items()},
+                           "parts": {str(k): list(v) for k, v in self.parts.items()}})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "WorkerPlan":
         d = json.loads(text)
         return cls(int(d["epoch"]), int(d["seed"]), int(d["rank"]), int(d["worker"]), tuple(d["shards"]),
                    int(d["resume"]), tuple(int(p) for p in d["poison"]),
-                   {int(k): tuple(v) for k, v in d.get("skip", {}).items()})
+                   {int(k): tuple(v) for k, v in d.get("skip", {}).items()},
+                   {int(k): (int(v[0]), int(v[1])) for k, v in d.get("parts", {}).items()})
 
 
 @dataclass(frozen=True)
@@ -76,14 +117,15 @@ class EpochPlan:
     shuffle: bool
     shards: tuple[str, ...]  # the snapshot every rank split (sorted)
     assignment: tuple[tuple[str, ...], ...]  # per worker, in reading order
+    parts: tuple[tuple[Part, ...], ...]  # per worker, the part of each shard of its assignment (``assign``)
     skip: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # delivered before an elastic resume
 
     @classmethod
     def make(cls, shards: list[str] | tuple[str, ...], *, epoch: int, seed: int, rank: Rank, workers: int,
              shuffle: bool = True, skip: Mapping[str, tuple[int, ...]] | None = None) -> "EpochPlan":
         mine = split(epoch_order(shards, seed, epoch, shuffle), rank.rank, rank.world_size)
-        return cls(epoch, seed, rank, shuffle, tuple(sorted(shards)),
-                   tuple(tuple(split(mine, w, workers)) for w in range(workers)), dict(skip or {}))
+        assignment, parts = assign(mine, workers)
+        return cls(epoch, seed, rank, shuffle, tuple(sorted(shards)), assignment, parts, dict(skip or {}))
 
     @property
     def workers(self) -> int:
@@ -92,31 +134,35 @@ class EpochPlan:
     @property
     def rank_shards(self) -> int:
         """Shards this rank reads in the epoch."""
-        return sum(len(a) for a in self.assignment)
+        return len({path for a in self.assignment for path in a})
 
     def batches(self, batch_size: int, drop_last: bool) -> int:
         """Batches this rank yields in the epoch, from the shard indexes: without ``drop_last`` each worker's
         last, partial batch counts as one; samples skipped as corrupt would make it fewer."""
         total = 0
-        for shards in self.assignment:
+        for shards, parts in zip(self.assignment, self.parts):
             n = 0
-            for path in shards:
+            for path, part in zip(shards, parts):
                 try:
-                    n += len(load_index(path).samples) - len(self.skip.get(path, ()))
+                    count = len(load_index(path).samples)
                 except ShardError:
                     continue
+                n += part_size(count, part) - sum(1 for i in self.skip.get(path, ()) if in_part(i, part))
             total += n // batch_size if drop_last else -(-n // batch_size)
         return total
 
     def for_worker(self, worker: int, resume: int = 0, poison: tuple[int, ...] | list[int] = ()) -> WorkerPlan:
         mine = self.assignment[worker]
         skip = {k: self.skip[path] for k, path in enumerate(mine) if self.skip.get(path)}
-        return WorkerPlan(self.epoch, self.seed, self.rank.rank, worker, mine, resume, tuple(sorted(poison)), skip)
+        parts = {k: part for k, part in enumerate(self.parts[worker]) if part != WHOLE}
+        return WorkerPlan(self.epoch, self.seed, self.rank.rank, worker, mine, resume, tuple(sorted(poison)), skip,
+                          parts)
 
     def describe(self) -> str:
         shares = "/".join(str(len(a)) for a in self.assignment)
+        split_ = next((f", each shard in {n} parts" for ps in self.parts for _, n in ps if n > 1), "")
         return (f"epoch {self.epoch}, rank {self.rank.rank} of {self.rank.world_size}: {self.rank_shards} of "
-                f"{len(self.shards)} shards, workers read {shares}, seed {self.seed}"
+                f"{len(self.shards)} shards{split_}, workers read {shares}, seed {self.seed}"
                 f"{'' if self.shuffle else ', unshuffled'}")
 
     def get_state(self) -> dict[str, Any]:

@@ -171,11 +171,12 @@ def delivered_samples(states: Sequence[Mapping[str, Any]]) -> dict[str, set[int]
         for path, indexes in plan.skip.items():
             done.setdefault(path, set()).update(indexes)
         skip = {path: set(v) for path, v in plan.skip.items()}
-        for w, shards in enumerate(plan.assignment):
+        for w, (shards, parts) in enumerate(zip(plan.assignment, plan.parts)):
             taken = st["per_worker"][w][1] if not st["finished"] else float("inf")
             if not taken:
                 continue
-            groups = ([(path, i) for i in range(samples_of(path)) if i not in skip.get(path, ())] for path in shards)
+            groups = ([(path, i) for i in range(k, samples_of(path), n) if i not in skip.get(path, ())]
+                      for path, (k, n) in zip(shards, parts))
             seed = stream_seed(plan.seed, plan.epoch, plan.rank.rank, w)
             for n, item in enumerate(shuffle_order(groups, int(st["shuffle_buffer"]) if plan.shuffle else 0, seed)):
                 if n >= taken:

@@ -130,15 +130,18 @@ def shuffle_order(groups: Iterable[list[T] | ShardProblem], buffer_size: int, se
 
 def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: str,
                   fds: dict[str, int] | None = None, on_open: Callable[[int], None] | None = None,
-                  skip: Mapping[int, Collection[int]] | None = None) -> Iterator[SampleRef | ShardProblem]:
+                  skip: Mapping[int, Collection[int]] | None = None,
+                  parts: Mapping[int, tuple[int, int]] | None = None) -> Iterator[SampleRef | ShardProblem]:
     """Shards in the given order, samples through a seeded shuffle buffer of ``buffer_size``.
 
     ``fds`` are descriptors opened ahead (``open_ahead``); the stream closes each one it reaches.
     ``on_open(ordinal)`` is told before each shard is opened (a hung filesystem hangs there).
-    ``skip`` leaves out, per shard ordinal, the sample indexes delivered before an elastic resume.
+    ``skip`` leaves out, per shard ordinal, the sample indexes delivered before an elastic resume;
+    ``parts`` keeps, per shard ordinal split between workers, the indexes ``i % n == k`` of its ``(k, n)``.
     """
     fds = fds if fds is not None else {}
     skip = skip or {}
+    parts = parts or {}
 
     def groups() -> Iterator[list[tuple[OpenShard, Sample, int]] | ShardProblem]:
         for ordinal, path in enumerate(shards):
@@ -149,7 +152,8 @@ def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: s
                 yield opened
                 continue
             left = skip.get(ordinal, ())
-            group = [(opened, sample, i) for i, sample in enumerate(opened.samples) if i not in left]
+            k, n = parts.get(ordinal, (0, 1))
+            group = [(opened, opened.samples[i], i) for i in range(k, len(opened.samples), n) if i not in left]
             opened.pending = len(group)
             if not group:
                 opened.pending = 1

@@ -102,7 +102,7 @@ class _Epoch:
         seed = plan.stream_seed
         self.fds = open_ahead(plan.shards, self._opening)
         self.stream: Iterator[SampleRef | ShardProblem] = sample_stream(plan.shards, shuffle_buffer, seed, self.fds,
-                                                                         self._opening, plan.skip)
+                                                                         self._opening, plan.skip, plan.parts)
         self.pos = 0  # samples consumed
         self.done = False
         self.logged: dict[str, int] = {}
