@@ -271,7 +271,7 @@ def test_a_sample_that_crashes_its_worker_twice_is_skipped(shards):
 @pytest.mark.parametrize("kwargs, setting", [
     ({"batch_size": 0}, "batch_size"),
     ({"workers": 0}, "workers"),
-    ({"workers": 7}, "workers"),
+    ({"rank": Rank(0, 7)}, "shards"),  # more ranks than the 6 shards: one would get none
     ({"ring_slots": 1}, "ring_slots"),
     ({"device": "cuda:0"} if not torch.cuda.is_available() else {"device": "tpu"}, "device"),
     ({"start_method": "fork"}, "start_method"),

@@ -90,7 +90,10 @@ ROWS: list[tuple[str, list[Panel]]] = [
               "short", [Query(f"sum by (queue) (feedline_queue_depth{SEL})", "{{queue}} depth"),
                         Query(f"sum by (queue) (feedline_queue_capacity{SEL})", "{{queue}} capacity")], width=12),
         Panel("Loader epoch", "The epoch the training loop is in; the cache grows at each new one.", "short",
-              [Query(f"max(feedline_loader_epoch{SEL})", "epoch")], width=12),
+              [Query(f"max(feedline_loader_epoch{SEL})", "epoch")], width=6),
+        Panel("Kept batches copied", "Batches per second copied out of the ring because the training loop still "
+              "held them at a next() (copy mode on a CPU host): 0 unless the loop keeps batches.", "short",
+              [Query(_rate("feedline_kept_batches_copied_total"), "copied/s")], width=6),
     ]),
     ("Workers", [
         Panel("Workers busy / idle", "Decode worker processes holding a slot to fill, or waiting (their sum: the "
