@@ -564,6 +564,14 @@ def test_batches_held_at_close_are_copied_out_and_stay_valid():
     assert torch.equal(batch["x"], torch.full((4, 3), 5.0)) and k.kept.moved_out == 1
 
 
+def test_copy_mode_copies_nothing_for_a_loop_that_keeps_nothing(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC) as loader:
+        for _ in range(2):
+            for batch in loader:
+                assert batch["bin"].sum() >= 0  # used, then let go
+        assert loader.stats().kept_batches_copied_total == 0
+
+
 def test_copy_mode_batches_kept_by_the_loop_never_change(shards):
     with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC) as loader:
         kept = [b for _ in range(2) for b in loader]  # every batch of two epochs, no clone

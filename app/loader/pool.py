@@ -222,7 +222,7 @@ class WorkerPool:
         if r.kind == DONE:
             self._supervisor.progressed(w)
         s = self._scheduler
-        if self._budget.exceeded(s.errors, s.samples, s.finished):
+        if s.errors and self._budget.exceeded(s.errors, s.samples, s.finished):
             detail = ", ".join(f"{k}={v}" for k, v in zip(ERROR_REASONS, s.error_counts) if v)
             raise LoaderError(
                 f"too many bad samples in epoch {s.epoch}: {s.errors} skipped against {s.samples} delivered "

@@ -60,6 +60,7 @@ class Scheduler:
         self._ready: dict[tuple[int, int], tuple[int, int, int]] = {}  # (j, w) -> (slot, samples, stream pos)
         self._outstanding: list[deque[tuple[int, int, int]]] = [deque() for _ in range(workers)]  # (epoch, slot, j)
         self._ended_at: list[int | None] = [None] * workers  # first j a worker answered END this epoch
+        self._last_end: int | None = None  # max(_ended_at) once every worker ended, else None
         self._delivered: list[int] = [0] * workers
         self._first: list[int] = [0] * workers  # each worker's first batch number this epoch (a resume)
         self._assign_at = (0, 0)
@@ -67,6 +68,7 @@ class Scheduler:
         self.taken = 0
         self.samples = 0  # delivered by the workers this epoch
         self.error_counts = [0] * len(ERROR_REASONS)  # samples skipped this epoch, per reason
+        self._errors = 0
 
     # -- epochs ------------------------------------------------------------------------------------
 
@@ -85,17 +87,19 @@ class Scheduler:
         self._assign_at = self._take_at = min((j, w) for w, j in enumerate(self._first))
         self.taken = self.samples = 0
         self.error_counts = [0] * len(ERROR_REASONS)
+        self._errors = 0
         self._ended_at = [None] * self.workers
+        self._last_end = None
 
     @property
     def errors(self) -> int:
         """Bad samples skipped this epoch: the failure budget's count (evictions are not the data's fault)."""
-        return sum(n for n, budgeted in zip(self.error_counts, _BUDGETED) if budgeted)
+        return self._errors
 
     @property
     def finished(self) -> bool:
         """Every worker's stream of this epoch is exhausted."""
-        return all(e is not None for e in self._ended_at)
+        return self._last_end is not None
 
     def progress(self) -> EpochProgress:
         return EpochProgress(self.epoch, self.taken, tuple(self._delivered),
@@ -126,7 +130,9 @@ class Scheduler:
             return False
         self._delivered[worker] = r.stream_pos
         self.samples += r.samples
-        self.error_counts = [a + b for a, b in zip(self.error_counts, r.errors)]
+        if any(r.errors):
+            self.error_counts = [a + b for a, b in zip(self.error_counts, r.errors)]
+            self._errors = sum(n for n, budgeted in zip(self.error_counts, _BUDGETED) if budgeted)
         if r.kind == DONE:
             self._ready[(r.batch, worker)] = (r.slot, r.samples, r.stream_pos)
         else:  # END: the stream is exhausted, the slot comes back unused
@@ -134,6 +140,8 @@ class Scheduler:
             ended = self._ended_at[worker]
             if ended is None or r.batch < ended:
                 self._ended_at[worker] = r.batch
+                ends = self._ended_at
+                self._last_end = max(ends) if all(e is not None for e in ends) else None  # type: ignore[type-var]
         return True
 
     def redo(self, worker: int) -> list[tuple[int, int]]:
@@ -206,8 +214,7 @@ class Scheduler:
     def _skip_ended(self, key: tuple[int, int]) -> tuple[int, int] | None:
         """The first key at or after ``key`` whose worker may still have that batch (and did not deliver it
         before a resume)."""
-        ends, first = self._ended_at, self._first
-        last = max(ends) if all(e is not None for e in ends) else None  # type: ignore[type-var]
+        ends, first, last = self._ended_at, self._first, self._last_end
         while True:
             if last is not None and key[0] >= last:
                 return None

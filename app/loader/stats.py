@@ -139,15 +139,18 @@ class StatsRecorder:
             s.bytes_total["read"] += read
             s.bytes_total["decoded"] += decoded
             s.decode_seconds_total += decode_ns / 1e9
-            for reason, n in zip(ERROR_REASONS, errors):
-                s.sample_errors_total[reason] += n
+            bad = any(errors)  # almost never: the per-reason work is skipped
+            if bad:
+                for reason, n in zip(ERROR_REASONS, errors):
+                    s.sample_errors_total[reason] += n
         sink = self._sink
         sink.inc("samples_total", samples)
         sink.inc("bytes_total", read, stage="read")
         sink.inc("bytes_total", decoded, stage="decoded")
-        for reason, n in zip(ERROR_REASONS, errors):
-            if n:
-                sink.inc("sample_errors_total", n, reason=reason)
+        if bad:
+            for reason, n in zip(ERROR_REASONS, errors):
+                if n:
+                    sink.inc("sample_errors_total", n, reason=reason)
 
     def transferred(self, nbytes: int, seconds: float | None) -> None:
         with self._lock:
