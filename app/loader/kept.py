@@ -104,7 +104,7 @@ class KeptBatches:
                       for e in layout.entries if e.name in layout.tensor_names]
         self.moved_out = 0  # batches copied out of the ring because the loop kept them
 
-    def views(self, slot: int) -> dict:
+    def views(self, slot: int) -> dict[str, np.ndarray]:
         """The numpy views of ``slot``'s frame (mapped on first use, and again after a move-out)."""
         frame = self._frames[slot]
         if frame is None:

@@ -18,10 +18,12 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..formats.shard_index import ShardError, load_index
 from .rank import Rank
+
+T = TypeVar("T")
 
 
 def epoch_order(shards: list[str] | tuple[str, ...], seed: int, epoch: int, shuffle: bool = True) -> list[str]:
@@ -32,7 +34,7 @@ def epoch_order(shards: list[str] | tuple[str, ...], seed: int, epoch: int, shuf
     return ordered
 
 
-def split(items: list[str], index: int, count: int) -> list[str]:
+def split(items: list[T], index: int, count: int) -> list[T]:
     """Every ``count``-th item starting at ``index``: disjoint parts that cover the list."""
     return items[index::count]
 
@@ -64,7 +66,7 @@ def assign(mine: list[str], workers: int) -> tuple[tuple[tuple[str, ...], ...], 
                 tuple(tuple(WHOLE for _ in split(mine, w, workers)) for w in range(workers)))
     n = workers // math.gcd(len(mine), workers)
     pieces = [(path, (k, n)) for path in mine for k in range(n)]
-    mine_w = [split(pieces, w, workers) for w in range(workers)]  # type: ignore[arg-type]
+    mine_w = [split(pieces, w, workers) for w in range(workers)]
     return (tuple(tuple(path for path, _ in ps) for ps in mine_w),
             tuple(tuple(part for _, part in ps) for ps in mine_w))
 
