@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["StagingLoader", "LoaderSettings", "Spec", "Field", "Rank", "LoaderError", "SettingError", "__version__"]
+__all__ = ["StagingLoader", "LoaderSettings", "DeviceDecode", "Spec", "Field", "Rank", "LoaderError", "SettingError",
+           "__version__"]
 
 _LAZY = {
     "StagingLoader": "app.api",
     "LoaderSettings": "app.loader.settings",
+    "DeviceDecode": "app.loader.settings",
     "Spec": "app.loader.spec",
     "Field": "app.loader.spec",
     "Rank": "app.loader.rank",

@@ -261,8 +261,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     cache = cfg.cache or DEFAULT_CACHE
     from .loader.autotune import resolved
 
-    # auto: the most it would pick here (fewer shards than CPUs can only lower it)
-    slots = cfg.ring_slots or default_ring_slots(*resolved(cfg.workers, cfg.transfer_threads, "cpu"))
+    most = resolved(cfg.workers, cfg.transfer_threads, "cpu", cfg.max_workers or None)  # auto's ring: its most
+    slots = cfg.ring_slots or default_ring_slots(*most)
     side = cfg.side_bytes or KEY_ONLY_SIDE_BYTES  # the demo batch: image, label, and the key beside them
     ring = slots * cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 8 + side)
     checks = [

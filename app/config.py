@@ -84,8 +84,11 @@ class Config:
     cache: str = setting("", "a cache directory with manifest.json, filled by `feedline sample`", "data sampler")
     # the staging loader
     batch_size: int = setting(64, "samples per batch", "loader", minimum=1)
-    workers: int | str = setting("auto", "decode worker processes, or auto: this rank's CPUs less one, at most "
-                                         "its shards", "loader", parse=lambda v: parse_auto_int(v, 1, 512))
+    workers: int | str = setting("auto", "decode worker processes, or auto: starts with half of this rank's CPUs "
+                                         "less one and grows in the first epoch while the loop waits and CPUs are "
+                                         "idle", "loader", parse=lambda v: parse_auto_int(v, 1, 512))
+    max_workers: int = setting(0, "with workers=auto, the most it grows to (0: this rank's CPUs less one)",
+                               "loader", minimum=0, maximum=512)
     transfer_threads: int | str = setting("auto", "transfer threads in the trainer process, or auto: 2 with "
                                                   "CUDA, else 1", "loader", parse=lambda v: parse_auto_int(v, 1, 64))
     ring_slots: int = setting(0, "batches in the shared-memory ring (0: 2*workers + transfer_threads + 2)",
@@ -156,6 +159,9 @@ class Config:
                              "job", minimum=0)
     image_size: int = setting(64, "side of the random-resized crop fed to the model", "job", minimum=8,
                               maximum=1024)
+    device_decode: bool = setting(False, "demo job: the workers copy the JPEGs compressed; they are decoded, "
+                                         "cropped and resized where the batch lands (nvJPEG on CUDA)", "job",
+                                  parse=parse_bool)
     classes: int = setting(10, "output classes of the demo model", "job", minimum=2)
     max_steps: int = setting(0, "stop each epoch after this many steps (0: whole epoch)", "job", minimum=0)
     checkpoint: str = setting("", "a directory for checkpoints (model, optimizer, loader state); saved every "
@@ -287,8 +293,8 @@ class Config:
 
     def loader_settings(self) -> LoaderSettings:
         return LoaderSettings(
-            batch_size=self.batch_size, workers=self.workers, transfer_threads=self.transfer_threads,
-            ring_slots=self.ring_slots or None, shuffle_buffer=self.shuffle_buffer, seed=self.seed,
+            batch_size=self.batch_size, workers=self.workers, max_workers=self.max_workers or None,
+            transfer_threads=self.transfer_threads, ring_slots=self.ring_slots or None, shuffle_buffer=self.shuffle_buffer, seed=self.seed,
             drop_last=self.drop_last, in_order=self.in_order, zero_copy=self.zero_copy,
             device=self.resolved_device(), max_sample_errors=self.max_sample_errors,
             worker_timeout=self.worker_timeout, side_bytes=self.side_bytes or None,

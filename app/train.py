@@ -22,6 +22,7 @@ from .checkpoint import CheckpointDir
 from .config import Config
 from .distributed import Job, anyone, barrier, gather_json
 from .formats.transforms import RandomResizedCrop
+from .loader.settings import DeviceDecode
 from .loader.stats import LoaderStats
 
 log = logging.getLogger("feedline.train")
@@ -121,6 +122,11 @@ class TrainSummary:
 
 def build_loader(cfg: Config, job: Job = Job()) -> StagingLoader:
     """The demo's loader: random-resized crops of the JPEGs and their labels; metrics on 9102 (+ LOCAL_RANK)."""
+    if cfg.device_decode:  # the same crops, made where the batch lands from the compressed bytes
+        return StagingLoader.from_settings(
+            cfg.loader_settings().replace(device_decode=DeviceDecode(("jpg",), cfg.image_size)),
+            **cfg.loader_source(), fields=["jpg", "cls"], metrics_port=cfg.trainer_port(job.local_rank),
+            metrics_addr=cfg.metrics_addr)
     return StagingLoader.from_settings(
         cfg.loader_settings(), **cfg.loader_source(), transform=RandomResizedCrop(cfg.image_size, fields=["jpg"]),
         spec={"jpg": ("uint8", (cfg.image_size, cfg.image_size, 3)), "cls": "int64"},

@@ -2,12 +2,15 @@
 
 import logging
 import os
+import time
 
 import pytest
+from helpers import id_shards
 
 from app import StagingLoader
 from app.config import Config, ConfigError
-from app.loader import autotune
+from app.errors import SettingError
+from app.loader import autotune, tuner
 
 
 def test_a_cgroup_quota_is_read_in_cpus(tmp_path):
@@ -18,20 +21,28 @@ def test_a_cgroup_quota_is_read_in_cpus(tmp_path):
     assert autotune.cgroup_cpus(str(tmp_path / "absent")) is None
 
 
-def test_auto_leaves_one_cpu_to_the_training_loop(monkeypatch):
+def test_auto_allows_all_cpus_but_one_for_the_training_loop_and_starts_with_half(monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     cpus, _ = autotune.usable_cpus()
-    assert autotune.choose("cpu").workers == max(1, cpus - 1)
+    assert autotune.choose("cpu").most == max(1, cpus - 1)
+    monkeypatch.setattr(autotune, "usable_cpus", lambda: (16, "16 CPUs"))
+    assert (autotune.choose("cpu").workers, autotune.choose("cpu").most) == (7, 15)
     monkeypatch.setattr(autotune, "usable_cpus", lambda: (1, "1 CPU"))
-    assert autotune.choose("cpu").workers == 1
+    assert (autotune.choose("cpu").workers, autotune.choose("cpu").most) == (1, 1)
 
 
 def test_auto_shares_the_cpus_among_the_ranks_on_the_node(monkeypatch):
     monkeypatch.setattr(autotune, "usable_cpus", lambda: (16, "16 CPUs"))
-    assert autotune.choose("cuda", ranks_on_node=1).workers == 15
-    assert autotune.choose("cuda", ranks_on_node=4).workers == 3
+    assert autotune.choose("cuda", ranks_on_node=1).most == 15
+    assert autotune.choose("cuda", ranks_on_node=4).most == 3
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    assert autotune.choose("cuda").workers == 1
+    assert autotune.choose("cuda").most == 1
+
+
+def test_max_workers_caps_what_auto_grows_to(monkeypatch):
+    monkeypatch.setattr(autotune, "usable_cpus", lambda: (16, "16 CPUs"))
+    pick = autotune.choose("cuda", ranks_on_node=1, max_workers=4)
+    assert (pick.workers, pick.most) == (2, 4) and "max_workers=4" in pick.reason
 
 
 def test_auto_transfer_threads_are_two_with_cuda_and_one_on_a_cpu_host():
@@ -54,3 +65,121 @@ def test_feedline_train_defaults_to_auto_and_refuses_anything_else_that_is_not_a
     for bad in ("0", "many"):
         with pytest.raises(ConfigError, match="workers"):
             Config.load(env={"FEEDLINE_WORKERS": bad})
+
+
+# -- growing during the first epoch (tuner.py) ---------------------------------------------------
+
+def _window(wait=1.8, step=0.2, decoded=0.0, idle=4.0, batches=50):
+    return tuner.Window(wait=wait, step=step, batches=batches, decoded=decoded, idle_cpus=idle)
+
+
+def test_a_waiting_loop_with_idle_cpus_grows_the_pool_by_what_the_wait_says_is_missing():
+    # the loop waits 50 % of its time: twice the workers would feed it
+    d = tuner.decide(2, 15, _window(wait=1.0, step=1.0, idle=8.0))
+    assert (d.workers, d.final) == (4, False) and "growing to 4" in d.reason
+
+
+def test_growth_is_capped_by_the_idle_cpus_and_by_the_most():
+    assert tuner.decide(2, 15, _window(wait=1.9, step=0.1, idle=3.2)).workers == 5
+    d = tuner.decide(2, 4, _window(wait=1.9, step=0.1, idle=10.0))
+    assert (d.workers, d.final) == (4, True)
+
+
+def test_a_loop_that_no_longer_waits_ends_the_tuning():
+    d = tuner.decide(3, 15, _window(wait=0.05, step=1.95))
+    assert (d.workers, d.final) == (3, True) and "keeping 3 workers" in d.reason
+
+
+def test_busy_cpus_end_the_tuning_though_the_loop_waits():
+    d = tuner.decide(3, 15, _window(idle=0.3))
+    assert (d.workers, d.final) == (3, True) and "CPUs are busy" in d.reason
+
+
+def test_a_wait_with_batches_decoded_ahead_is_not_a_reason_to_grow():
+    d = tuner.decide(3, 15, _window(decoded=2.5))
+    assert (d.workers, d.final) == (3, False)
+
+
+def test_the_cpu_meter_reads_idle_time_of_its_own_cpus_and_the_cgroup_quota(tmp_path):
+    stat, cgroup = tmp_path / "stat", tmp_path / "cg"
+    cgroup.mkdir()
+
+    def write(idle0, idle1, busy1, usage_usec):  # cpu0 and cpu1 are ours, cpu2 is not
+        stat.write_text(f"cpu  1 2 3 4 5 6 7 8 0 0\ncpu0 0 0 0 {idle0} 0 0 0 0 0 0\n"
+                        f"cpu1 {busy1} 0 0 {idle1} 0 0 0 0 0 0\ncpu2 0 0 0 99999 0 0 0 0 0 0\n")
+        (cgroup / "cpu.stat").write_text(f"usage_usec {usage_usec}\nuser_usec 0\n")
+
+    write(0, 0, 0, 0)
+    meter = tuner.CpuMeter(str(stat), str(cgroup), cpus={0, 1})
+    write(100, 50, 50, 0)  # cpu0 all idle, cpu1 half idle: 1.5 CPUs idle
+    assert meter.idle_cpus() == pytest.approx(1.5)
+    (cgroup / "cpu.max").write_text("100000 100000\n")  # a quota of one CPU, fully used since
+    meter = tuner.CpuMeter(str(stat), str(cgroup), cpus={0, 1})
+    time.sleep(0.2)
+    write(200, 100, 100, 10_000_000)
+    assert meter.idle_cpus() == 0.0
+
+
+class _Sleepy:
+    """Decoding that waits (a remote read, a slow disk): more workers help while the CPUs stay idle."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __call__(self, sample):
+        time.sleep(self.seconds)
+        return sample
+
+
+ID_SPEC = {"cls": "int64", "bin": ("uint8", (64,))}
+
+
+@pytest.fixture
+def many(tmp_path):
+    """8 shards of 250 id samples (ids 0..1999)."""
+    return id_shards(str(tmp_path / "many"), shards=8, per_shard=250)
+
+
+def test_auto_grows_a_starving_pool_during_the_first_epoch_and_delivers_every_sample_once(many, caplog):
+    with caplog.at_level(logging.INFO, logger="feedline.loader"):
+        with StagingLoader(many, batch_size=8, workers="auto", max_workers=3, spec=ID_SPEC,
+                           transform=_Sleepy(0.004)) as loader:
+            assert loader.workers == 1
+            ids = [int(i) for b in loader for i in b["cls"]]
+            assert loader.workers == 3
+            assert sum(loader.stats().workers.values()) == 3  # feedline_workers{state=...}
+    assert sorted(ids) == list(range(2000))
+    said = [r.getMessage() for r in caplog.records]
+    assert any("workers=auto: growing to" in m and "the loop waited" in m for m in said)
+
+
+def test_auto_keeps_its_workers_when_the_loop_does_not_wait(shards, caplog):
+    with caplog.at_level(logging.INFO, logger="feedline.loader"):
+        with StagingLoader(shards, batch_size=4, workers="auto", max_workers=3, spec=ID_SPEC) as loader:
+            for _ in loader:
+                time.sleep(0.05)  # a slow training step: one worker keeps up
+            assert loader.workers == 1
+    assert any("workers=auto: keeping 1 workers" in r.getMessage() for r in caplog.records)
+
+
+def test_a_state_saved_after_auto_grew_resumes_exactly_in_a_fresh_auto_loader(many):
+    kwargs = dict(batch_size=8, workers="auto", max_workers=3, spec=ID_SPEC, transform=_Sleepy(0.004))
+    with StagingLoader(many, **kwargs) as loader:
+        seen = []
+        it = iter(loader)
+        while loader.workers < 3 or len(seen) < 400:
+            seen += [int(i) for i in next(it)["cls"]]
+        state = loader.state_dict()
+        rest = [int(i) for b in it for i in b["cls"]]
+    assert state["workers"] == 3
+    with StagingLoader(many, **kwargs) as resumed:
+        resumed.load_state_dict(state)
+        again = [int(i) for b in resumed for i in b["cls"]]
+        assert resumed.workers == 3
+    assert again == rest
+    assert sorted(seen + again) == list(range(2000))
+
+
+def test_max_workers_is_for_auto_only():
+    with pytest.raises(SettingError, match="max_workers"):
+        StagingLoader("x.tar", workers=2, max_workers=4)

@@ -53,3 +53,28 @@ def test_device_tensors_survive_the_next_batches(gpu_shards):
         torch.cuda.synchronize()
         for cls, data in kept:
             assert torch.equal(data[:, 7], (cls % 251).to(torch.uint8))
+
+
+def test_device_decode_decodes_jpegs_on_the_gpu_with_labels_aligned(tmp_path):
+    from test_device_decode import COLORS, _color_of, solid_jpeg
+
+    from app.loader.device_decode import pick_backend
+
+    try:
+        pick_backend("auto", torch.device("cuda"))
+    except Exception as exc:  # SettingError: neither torchvision's decode_jpeg nor nvImageCodec here
+        pytest.skip(str(exc))
+    from helpers import write_tar
+
+    samples = [(f"k{i:03d}", {"jpg": solid_jpeg(COLORS[i % 5], (64 + i, 48)), "cls": str(i % 5).encode()})
+               for i in range(40)]
+    samples[9][1]["jpg"] = b"\xff\xd8 not a jpeg" * 8
+    path = write_tar(str(tmp_path / "colors.tar"), samples)
+    with StagingLoader(path, batch_size=8, workers=2, device="cuda", fields=["jpg", "cls"],
+                       device_decode={"fields": ["jpg"], "size": 32}) as loader:
+        batches = list(loader)
+        assert loader.stats().sample_errors_total["corrupt"] == 1
+    assert sum(len(b["cls"]) for b in batches) == 39
+    for b in batches:
+        assert b["jpg"].is_cuda and b["jpg"].shape[1:] == (32, 32, 3)
+        assert [_color_of(img.cpu()) for img in b["jpg"]] == b["cls"].tolist()

@@ -194,3 +194,52 @@ def test_a_ddp_job_stopped_by_sigterm_resumes_and_trains_every_sample_once(tmp_p
     assert again.returncode == 0, again.stderr[-3000:]
     trained = [k for p in glob.glob(keys + ".rank*") for k in open(p).read().split()]
     assert sorted(trained) == sorted(f"k{k}{i:03d}" for k in range(4) for i in range(24))
+
+
+AUTO = textwrap.dedent("""
+    import json, logging, sys
+    import torch.distributed as dist
+    from app import StagingLoader
+    from sleepy import Sleepy
+
+    logging.basicConfig(level=logging.INFO)
+    dist.init_process_group("gloo")
+    try:
+        with StagingLoader(sys.argv[1], batch_size=4, workers="auto", max_workers=2, spec={"cls": "int64"},
+                           transform=Sleepy()) as loader:
+            out = {"workers": [], "keys": []}
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                out["keys"].append([k for b in loader for k in b["__key__"]])
+                out["workers"].append(loader.workers)
+            print("RESULT", json.dumps(out), flush=True)
+    finally:
+        dist.destroy_process_group()
+""")
+
+
+SLEEPY = textwrap.dedent("""
+    import time
+
+    class Sleepy:  # a decode that waits: more workers would help, and the CPUs stay idle
+        def __call__(self, sample):
+            time.sleep(0.004)
+            return sample
+""")
+
+
+def test_auto_under_torch_distributed_grows_at_the_next_epoch_keeping_the_ranks_batch_counts(tmp_path):
+    data = jpeg_shards(str(tmp_path / "data"), [500] * 4, image=(8, 8))
+    script = tmp_path / "auto.py"
+    script.write_text(AUTO)
+    (tmp_path / "sleepy.py").write_text(SLEEPY)
+    run = torchrun(str(script), data, env={"PYTHONPATH": ROOT})
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in run.stdout.splitlines() if "RESULT " in line]
+    assert len(results) == 2
+    for r in results:
+        assert r["workers"][0] in (1, 2) and r["workers"][1] == 2  # grown, and used from the second epoch
+    for epoch in range(2):
+        keys = [k for r in results for k in r["keys"][epoch]]
+        assert len(keys) == len(set(keys)) == 2000  # every sample once across the ranks, each epoch
+    assert "from the next epoch on" in run.stderr

@@ -65,7 +65,8 @@ def test_sigkill_of_the_trainer_takes_its_workers_with_it(tmp_path):
     assert gone(workers)
 
 
-def test_demo_training_job_runs_and_writes_its_summary(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--device-decode", "true"]], ids=["worker-decode", "device-decode"])
+def test_demo_training_job_runs_and_writes_its_summary(tmp_path, extra):
     d = tmp_path / "jpeg"
     d.mkdir()
     for k in range(2):
@@ -74,7 +75,7 @@ def test_demo_training_job_runs_and_writes_its_summary(tmp_path):
     summary = tmp_path / "summary.json"
     out = subprocess.run([sys.executable, "-m", "app.cli", "train", "--shards", str(d / "*.tar"), "--epochs", "2",
                           "--batch-size", "16", "--image-size", "32", "--step-ms", "5", "--summary-json",
-                          str(summary)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+                          str(summary), *extra], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     doc = json.loads(summary.read_text())
     assert [e["samples"] for e in doc["epochs"]] == [80, 80]

@@ -122,9 +122,13 @@ def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str,
     from ..api import StagingLoader
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    decode: dict[str, Any] = {}
     if args.workload == "raw":
         spec: dict[str, Any] | None = {"bin": ("uint8", (args.sample_bytes,)), "cls": "int64"}
         transform = None
+    elif args.workload == "jpeg" and args.device_decode:  # compressed bytes in the ring, decoded on the device
+        spec, transform = None, None
+        decode = {"device_decode": {"fields": ["jpg"], "size": args.image_size}, "fields": ["jpg", "cls"]}
     elif args.workload == "jpeg":
         spec = {"jpg": ("uint8", (args.image_size, args.image_size, 3)), "cls": "int64"}
         transform = RandomResizedCrop(args.image_size, fields=["jpg"])
@@ -134,7 +138,7 @@ def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str,
     source: dict[str, Any] = {"cache": args.cache, "min_shards": args.workers} if args.cache else {"shards": shards}
     return StagingLoader(**source, batch_size=args.batch_size, workers=args.workers,
                          transfer_threads=args.transfer_threads, spec=spec, transform=transform, device=device,
-                         zero_copy=args.zero_copy, shuffle=False)
+                         zero_copy=args.zero_copy, shuffle=False, **decode)
 
 
 def _batch_payload(batch: Any) -> tuple[int, int, list[torch.Tensor]]:
@@ -231,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup-batches", type=int, default=4)
     p.add_argument("--zero-copy", action="store_true")
     p.add_argument("--no-draft", action="store_true")
+    p.add_argument("--device-decode", action="store_true", help="feedline, jpeg: decode where the batch lands")
     p.add_argument("--cache", default="", help="feedline: read a sampler's cache instead of --shards")
     args = p.parse_args(argv)
     torch.set_num_threads(1)

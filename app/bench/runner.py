@@ -185,6 +185,10 @@ def _contenders(workload: str, shards: str, args: argparse.Namespace) -> list[Co
         return feedline + [c("webdataset + DataLoader", "webdataset"),
                            c("DataLoader + hand-written collate", "dataloader")]
     single = min(args.seconds, 5.0)
+    import torch
+
+    if torch.cuda.is_available():  # the workers copy compressed bytes; the GPU decodes (item 6 of issue 15)
+        feedline.append(c("feedline (GPU decode)", "feedline", "--zero-copy", "--device-decode"))
     return feedline + [c("DataLoader + stock Pillow", "dataloader", stock=True),
                        c("DataLoader + pillow-simd", "dataloader"),
                        c("webdataset + DataLoader (stock Pillow)", "webdataset", stock=True),

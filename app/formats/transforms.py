@@ -10,9 +10,35 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from .decoders import IMAGE_EXTENSIONS
+
+
+class Uniform(Protocol):
+    """Where crops draw from: the ``random`` module in the workers, a seeded ``random.Random`` elsewhere."""
+
+    def uniform(self, a: float, b: float) -> float: ...
+
+
+def random_box(width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float],
+               rng: Uniform) -> tuple[float, float, float, float]:
+    """Inception's crop (x0, y0, x1, y1): a random share ``scale`` of the area at a random aspect ``ratio``;
+    after ten misses, the centred square."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = math.sqrt(target * aspect)
+        h = math.sqrt(target / aspect)
+        if 0 < w <= width and 0 < h <= height:
+            x = rng.uniform(0, width - w)
+            y = rng.uniform(0, height - h)
+            return x, y, x + w, y + h
+    side = min(width, height)  # fall back to a centre crop
+    x, y = (width - side) / 2, (height - side) / 2
+    return x, y, x + side, y + side
 
 
 def _image_fields(sample: dict[str, Any], fields: Sequence[str] | None) -> list[str]:
@@ -47,20 +73,7 @@ class RandomResizedCrop:
         self.flip = flip
 
     def _box(self, width: int, height: int) -> tuple[float, float, float, float]:
-        area = width * height
-        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
-        for _ in range(10):
-            target = area * random.uniform(*self.scale)
-            aspect = math.exp(random.uniform(*log_ratio))
-            w = math.sqrt(target * aspect)
-            h = math.sqrt(target / aspect)
-            if 0 < w <= width and 0 < h <= height:
-                x = random.uniform(0, width - w)
-                y = random.uniform(0, height - h)
-                return x, y, x + w, y + h
-        side = min(width, height)  # fall back to a centre crop
-        x, y = (width - side) / 2, (height - side) / 2
-        return x, y, x + side, y + side
+        return random_box(width, height, self.scale, self.ratio, random)
 
     def crop(self, img: Any) -> Any:
         from PIL import Image

@@ -1,8 +1,10 @@
-"""``workers="auto"`` and ``transfer_threads="auto"``: chosen from the host, once, at start-up.
+"""``workers="auto"`` and ``transfer_threads="auto"``: chosen from the host at start-up.
 
 The CPUs this process may use (its affinity, capped by a cgroup CPU quota: a container's
 ``--cpus`` or a Kubernetes CPU limit), shared by the ranks torchrun started on this node; one of a
-rank's CPUs is left to the training loop, the rest decode; a rank with fewer shards than that
+rank's CPUs is left to the training loop, the rest may decode: that is the most workers ``auto``
+runs (``max_workers`` lowers it). It starts with half of them and grows during the first epoch
+while the loop waits and CPUs are idle (``tuner.py``). A rank with fewer shards than workers
 splits them between its workers (``plan.assign``). CUDA gets two transfer threads (a copy in
 flight while the next is queued), a CPU host one (it starts no thread: the ring slot it counts
 is one more the loop may hold). Each choice is logged with its reasons.
@@ -45,24 +47,31 @@ def usable_cpus() -> tuple[int, str]:
 class Choice:
     """What ``auto`` picked for one rank, and why (logged at start-up)."""
 
-    workers: int
+    workers: int  # to start with
+    most: int  # to grow to
     transfer_threads: int
     reason: str
 
 
-def choose(device_type: str, ranks_on_node: int | None = None) -> Choice:
-    """Workers and transfer threads for one rank."""
+def choose(device_type: str, ranks_on_node: int | None = None, max_workers: int | None = None) -> Choice:
+    """Workers (to start with, and the most) and transfer threads for one rank."""
     cpus, found = usable_cpus()
     ranks = ranks_on_node or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     per_rank = max(1, cpus // max(1, ranks))
-    workers = max(1, per_rank - 1)
+    most = max(1, per_rank - 1)
     why = [f"{found}", f"{ranks} rank(s) on this node: {per_rank} CPU(s) a rank, one left to the training loop"]
+    if max_workers is not None:
+        most = max_workers
+        why.append(f"max_workers={max_workers}")
+    start = max(1, most // 2)
+    why.append(f"starting with {start} of at most {most}, grown during the first epoch while the loop waits")
     threads = 2 if device_type == "cuda" else 1
-    return Choice(workers, threads, "; ".join(why))
+    return Choice(start, most, threads, "; ".join(why))
 
 
-def resolved(workers: int | str, transfer_threads: int | str, device_type: str) -> tuple[int, int]:
-    """Both settings as numbers: ``auto`` replaced by ``choose``'s pick."""
-    pick = choose(device_type)
-    return (pick.workers if workers == AUTO else int(workers),
+def resolved(workers: int | str, transfer_threads: int | str, device_type: str,
+             max_workers: int | None = None) -> tuple[int, int]:
+    """Both settings as numbers, for sizing: ``auto`` replaced by the most ``choose`` would run."""
+    pick = choose(device_type, max_workers=max_workers)
+    return (pick.most if workers == AUTO else int(workers),
             pick.transfer_threads if transfer_threads == AUTO else int(transfer_threads))

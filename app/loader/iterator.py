@@ -29,8 +29,11 @@ class EpochIterator:
 
     def __init__(self, epoch: int, current_epoch: Callable[[], int], queue: DeviceQueue | DirectHandOff,
                  release: Callable[[int], None], stats: StatsRecorder, device: torch.device, cursor: Cursor,
-                 limit: int | None = None, kept: KeptBatches | None = None):
+                 limit: int | None = None, kept: KeptBatches | None = None,
+                 tune: Callable[[float], float | None] | None = None):
         self._epoch = epoch
+        self._tune = tune  # workers="auto": called at a next() once its time comes; returns the next time
+        self._tune_at: float | None = 0.0 if tune is not None else None
         self._kept = kept
         self._current_epoch = current_epoch
         self._queue = queue
@@ -85,6 +88,9 @@ class EpochIterator:
             raise LoaderError(f"epoch {self._epoch} was abandoned when epoch {self._current_epoch()} started")
         if self._limit is not None and self._cursor.batches >= self._limit:
             self._finish()  # the other ranks have no more batches: stop with them (equal_batches)
+        if self._tune_at is not None and called >= self._tune_at:
+            assert self._tune is not None
+            self._tune_at = self._tune(called)
         item = self._queue.get()
         wait = time.perf_counter() - called
         self._stats.step(wait, step)

@@ -12,22 +12,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import random
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..cache.source import CacheSource
 from ..errors import SettingError
 from ..formats.decoders import Decoder
-from ..preflight import fmt_bytes
 from ..sink import StatsSink
-from . import autotune
 from .autotune import AUTO
+from .auto import AutoWorkers
 from .coordinate import RankCoordinator
+from .device_decode import DeviceDecoder, compressed_spec, worker_decode
 from .errors import LoaderError
 from .iterator import EpochIterator
 from .kept import KeptBatches
@@ -35,17 +33,18 @@ from .launch import Launcher
 from .pipeline import Pipeline
 from .plan import EpochPlan
 from .pool import WorkerPool
-from .probe import resolve_side_bytes, resolve_spec
+from .probe import probe_spec, resolve_side_bytes
 from .rank import Rank
-from .resume import Cursor, Resume, make_state, plan_resume
+from .resume import Cursor, Resume, differing, make_state, plan_resume, saved_workers
 from .ring import BatchRing, RingHandle, RingLayout, check_ring_memory
 from .sample import FieldSelection
-from .settings import LoaderSettings, unknown_argument
+from .settings import DeviceDecode, LoaderSettings, unknown_argument
 from .sources import PathSource, ShardSource
 from .spec import Spec
 from .stats import LoaderStats, StatsRecorder
 from .supervisor import ErrorBudget
-from .transfer import DeviceQueue, DirectHandOff, TransferStage
+from .transfer import DeviceQueue, DirectHandOff, TransferStage, pin_ring
+from .tuner import WorkerTuner
 from .worker import WorkerCode, WorkerSetup
 
 log = logging.getLogger("feedline.loader")
@@ -72,6 +71,7 @@ class StagingLoader:
         sink: StatsSink | None = None,
         batch_size: int = 32,
         workers: int | str = 2,
+        max_workers: int | None = None,
         transfer_threads: int | str = 1,
         ring_slots: int | None = None,
         shuffle: bool = True,
@@ -92,17 +92,20 @@ class StagingLoader:
         starvation_window: float = 30.0,
         min_shards: int = 1,
         wait_timeout: float = 60.0,
+        device_decode: DeviceDecode | Mapping[str, Any] | bool | None = None,
         **unknown: Any,
     ):
         if unknown:
             raise TypeError(unknown_argument(next(iter(unknown))))
         self.settings = s = LoaderSettings(
-            batch_size=batch_size, workers=workers, transfer_threads=transfer_threads, ring_slots=ring_slots,
+            batch_size=batch_size, workers=workers, max_workers=max_workers, transfer_threads=transfer_threads,
+            ring_slots=ring_slots,
             device_queue=device_queue, device=str(device), zero_copy=zero_copy, in_order=in_order, shuffle=shuffle,
             shuffle_buffer=shuffle_buffer, seed=seed, drop_last=drop_last, max_sample_errors=max_sample_errors,
             worker_timeout=worker_timeout, side_bytes=side_bytes, decompress_dir=decompress_dir,
             equal_batches=equal_batches, start_method=start_method, rank=rank,
-            starvation_window=starvation_window, min_shards=min_shards, wait_timeout=wait_timeout)
+            starvation_window=starvation_window, min_shards=min_shards, wait_timeout=wait_timeout,
+            device_decode=device_decode)
         self.device = torch.device(s.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise SettingError("device", f"{s.device!r} but CUDA is not available here; use device='cpu'")
@@ -127,14 +130,14 @@ class StagingLoader:
         self._closed = False
         self.plan: EpochPlan | None = None  # the current epoch's
         self._iterator: weakref.ref[EpochIterator] | None = None  # the current epoch's, to end with the ring
+        self._runs = 0  # starts of epochs given to the pool: each start's batches carry its number
+        self._auto: AutoWorkers | None = None  # workers="auto" during the first epoch
 
         first = self.source.wait_for(s.min_shards, s.wait_timeout)
-        if AUTO in (s.workers, s.transfer_threads):
-            choice = autotune.choose(self.device.type)
-            s = self.settings = s.replace(
-                workers=choice.workers if s.workers == AUTO else s.workers,
-                transfer_threads=choice.transfer_threads if s.transfer_threads == AUTO else s.transfer_threads)
-            log.info("workers=%d, transfer_threads=%d (auto: %s)", s.workers, s.transfer_threads, choice.reason)
+        self.auto_workers = s.workers == AUTO
+        s, most = s.resolve_auto(self.device.type)
+        self.settings, self.most_workers = s, most
+        tuner = WorkerTuner(int(s.workers), most) if self.auto_workers and most > s.workers else None
         if not self.source.growing and len(first) < self.rank.world_size:  # more workers than shards is fine
             raise SettingError(
                 "shards", f"{len(first)} shard(s) for {self.rank.world_size} ranks: rank {self.rank.rank} would get "
@@ -146,14 +149,18 @@ class StagingLoader:
         try:
             if RankCoordinator.wanted(s.equal_batches):  # every rank builds its loaders in the same order
                 p.coordinator = RankCoordinator(s.equal_batches)
-            # the user's code, pickled once: refused here if no worker could run it
-            p.launcher = Launcher(WorkerCode(Decoder(decode), selection, transform))
-            self.spec, probed = self._probe(spec, first, p.launcher)
+            if s.device_decode is not None:  # the workers keep those members compressed
+                decode, spec = worker_decode(decode, spec, s.device_decode, selection)
+            p.launcher = Launcher(WorkerCode(Decoder(decode), selection, transform))  # refused if unpicklable
+            self.spec, probed = probe_spec(spec, first, self.source.describe(), p.launcher.code())
+            if s.device_decode is not None:
+                self.spec = compressed_spec(self.spec, s.device_decode)
+                p.decoder = DeviceDecoder(s.device_decode, self.device, s.seed, self._stats.corrupt_dropped)
             layout = RingLayout(self.spec, s.batch_size, resolve_side_bytes(s.side_bytes, self.spec, probed))
-            check_ring_memory(layout, s.slots, s.workers)
-            p.ring = BatchRing(layout, s.slots, s.workers)
+            check_ring_memory(layout, s.slots, self.most_workers)
+            p.ring = BatchRing(layout, s.slots, self.most_workers)
             if self.device.type == "cuda":
-                p.pinned_ptr = self._pin(p.ring)
+                p.pinned_ptr = pin_ring(p.ring)
             setup = WorkerSetup(RingHandle.of(p.ring), s.shuffle_buffer if s.shuffle else 0, s.drop_last,
                                 logging.getLogger("feedline").getEffectiveLevel())
             stats, slots = self._stats, s.slots
@@ -166,32 +173,21 @@ class StagingLoader:
             p.pool = WorkerPool(p.ring, p.launcher, setup.to_json(), s.workers, stats,
                                 ErrorBudget(s.max_sample_errors), in_order=s.in_order,
                                 worker_timeout=s.worker_timeout, on_tick=tick)
+            if tuner is not None:
+                self._auto = AutoWorkers(tuner, p.pool, stats.loop_times, lambda: self._cursor.batches if
+                                         self._cursor else 0, self._regrow, in_epoch=p.coordinator is None)
             if self.device.type == "cpu":
                 if not s.zero_copy:  # batches the loop may keep: the held ones beyond the spare are moved out
-                    p.kept = KeptBatches(p.ring, p.pool.release, spare=max(1, slots - 2 * s.workers),
+                    p.kept = KeptBatches(p.ring, p.pool.release, spare=max(1, slots - 2 * most),
                                          on_copy=stats.kept_batch_copied)
-                p.queue = DirectHandOff(p.pool, p.ring, stats, p.kept)
+                p.queue = DirectHandOff(p.pool, p.ring, stats, p.kept, p.decoder)
             else:
                 p.queue = DeviceQueue(s.device_queue, s.in_order)
-                p.transfer = TransferStage(p.pool, p.ring, p.queue, stats, s.transfer_threads, self.device)
+                p.transfer = TransferStage(p.pool, p.ring, p.queue, stats, s.transfer_threads, self.device,
+                                           p.decoder)
         except BaseException:
             self.close()
             raise
-
-    def _probe(self, spec: Spec | Mapping[str, Any] | None, shards: list[str],
-               launcher: Launcher) -> tuple[Spec, list[dict[str, Any]]]:
-        """The batch layout, from a copy of the user's code (as a worker gets it) run on the first samples.
-
-        The user's own transform object is never called here, and the training script's ``random`` and
-        ``numpy`` streams are left as they were.
-        """
-        code = launcher.code()
-        py_state, np_state = random.getstate(), np.random.get_state()
-        try:
-            return resolve_spec(spec, shards, self.source.describe(), code.decoder, code.selection, code.transform)
-        finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
 
     @classmethod
     def from_settings(cls, settings: LoaderSettings, shards: Any = None, *, cache: str | os.PathLike | None = None,
@@ -236,17 +232,6 @@ class StagingLoader:
         """The epoch the next ``iter()`` starts or resumes."""
         return self._resume.plan.epoch if self._resume is not None else self._next_epoch
 
-    # -- construction checks ----------------------------------------------------------------
-
-    @staticmethod
-    def _pin(ring: BatchRing) -> int:
-        """Page-lock the whole ring once so every copy to the GPU can be asynchronous."""
-        ptr = ring.memory.base.ctypes.data
-        err = torch.cuda.cudart().cudaHostRegister(ptr, ring.memory.size, 0)
-        if int(getattr(err, "value", err)) != 0:
-            raise LoaderError(f"cudaHostRegister of the {fmt_bytes(ring.memory.size)} ring failed: {err}")
-        return ptr
-
     # -- iteration ------------------------------------------------------------------------
 
     def __iter__(self) -> EpochIterator:
@@ -258,6 +243,8 @@ class StagingLoader:
         s = self.settings
         resume, self._resume = self._resume, None
         first = delivered = None
+        if self._auto is not None and self._epoch >= 0:  # auto adjusts during the first epoch only
+            self._stop_auto("the first epoch ended: its worker count stays")
         if resume is not None:
             plan, first, delivered = resume.plan, resume.first, resume.delivered
         else:
@@ -279,13 +266,43 @@ class StagingLoader:
             limit = p.coordinator.agree(plan.epoch, plan.batches(s.batch_size, s.drop_last))
         self.source.epoch_started(self.rank.rank, plan.epoch, len(plan.shards))
         self._stats.set_epoch(plan.epoch)
-        self._cursor = Cursor.start(s.workers, first, delivered)
-        p.queue.start_epoch(plan.epoch)
-        p.pool.start_epoch(plan, first, delivered)
+        if p.decoder is not None:
+            p.decoder.epoch = plan.epoch
+        self._cursor = Cursor.start(plan.workers, first, delivered)
+        self._start_run(plan, first, delivered)
         it = EpochIterator(plan.epoch, lambda: self._epoch, p.queue, p.pool.release, self._stats, self.device,
-                           self._cursor, limit, p.kept)
+                           self._cursor, limit, p.kept, self._auto)
         self._iterator = weakref.ref(it)
         return it
+
+    def _start_run(self, plan: EpochPlan, first: list[int] | None = None, delivered: list[int] | None = None) -> None:
+        """Hand ``plan`` to the pool and the queue under a new run number (batches of earlier runs are dropped)."""
+        p = self._pipeline
+        assert p.pool is not None and p.queue is not None
+        run, self._runs = self._runs, self._runs + 1
+        p.queue.start_epoch(run)
+        p.pool.start_epoch(plan, first, delivered, run)
+
+    # -- workers="auto" during the first epoch (tuner.py) ----------------------------------------
+
+    def _regrow(self, workers: int) -> None:
+        """The rest of this epoch over ``workers`` workers (``auto.py``), replanned as an elastic resume replans."""
+        state = self.state_dict()
+        self.settings = self.settings.replace(workers=workers)
+        if self._cursor is None or self._cursor.finished or state["plan"] is None:
+            return
+        resume, _ = plan_resume(state, self._state_settings(), self.rank, self.source.snapshot(),
+                                self.source.growing, elastic=True)
+        if resume is not None:
+            self.plan = resume.plan
+            self._cursor.per_worker = [[0, 0] for _ in range(workers)]
+            self._start_run(resume.plan)
+
+    def _stop_auto(self, message: str | None) -> None:
+        """Auto stops adjusting: the first epoch ended, or a state was loaded."""
+        auto, self._auto = self._auto, None
+        if auto is not None:
+            self.settings = self.settings.replace(workers=auto.stop(message))
 
     def _plan_epoch(self, epoch: int) -> EpochPlan:
         shards = self.source.snapshot()
@@ -334,6 +351,11 @@ class StagingLoader:
         world size changed, the states of all the interrupted run's ranks, as a list): then every sample
         the interrupted epoch had not delivered is delivered exactly once, in another order.
         """
+        if self.auto_workers:  # auto takes the saved run's worker count (it had tuned it): the resume is exact
+            self._stop_auto(None)
+            workers = saved_workers(state, self.settings.workers, self.most_workers)
+            self.settings = self.settings.replace(workers=workers)
+            elastic = elastic or isinstance(state, Mapping) and differing(state, self._state_settings()) == ["workers"]
         resume, next_epoch = plan_resume(state, self._state_settings(), self.rank, self.source.snapshot(),
                                          self.source.growing, elastic)
         self._resume, self._next_epoch = resume, next_epoch

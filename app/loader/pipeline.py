@@ -14,6 +14,7 @@ import torch
 from .coordinate import RankCoordinator
 from .kept import KeptBatches
 from .launch import Launcher
+from .device_decode import DeviceDecoder
 from .pool import WorkerPool
 from .ring import BatchRing
 from .transfer import DeviceQueue, DirectHandOff, TransferStage
@@ -31,6 +32,7 @@ class Pipeline:
         self.launcher: Launcher | None = None
         self.coordinator: RankCoordinator | None = None
         self.pinned_ptr: int | None = None
+        self.decoder: DeviceDecoder | None = None  # device_decode=: the batch stage's image decoder
 
     def gauges(self, slots: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
         """(queue depths, queue capacities, worker states) as they are now."""

@@ -89,6 +89,11 @@ class WorkerPlan:
     poison: tuple[int, ...] = ()  # stream positions that crashed a worker twice: skip and count
     skip: dict[int, tuple[int, ...]] = field(default_factory=dict)  # shard ordinal -> sample indexes left out
     parts: dict[int, Part] = field(default_factory=dict)  # shard ordinal -> the part read (absent: whole)
+    run: int = -1  # the pool's token for this start of the epoch (fills and results carry it); -1: the epoch
+
+    def __post_init__(self) -> None:
+        if self.run < 0:
+            object.__setattr__(self, "run", self.epoch)
 
     @property
     def stream_seed(self) -> str:
@@ -98,7 +103,7 @@ class WorkerPlan:
         return json.dumps({"epoch": self.epoch, "seed": self.seed, "rank": self.rank, "worker": self.worker,
                            "shards": list(self.shards), "resume": self.resume, "poison": list(self.poison),
                            "skip": {str(k): list(v) for k, v in self.skip.items()},
-                           "parts": {str(k): list(v) for k, v in self.parts.items()}})
+                           "parts": {str(k): list(v) for k, v in self.parts.items()}, "run": self.run})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "WorkerPlan":
@@ -106,7 +111,7 @@ class WorkerPlan:
         return cls(int(d["epoch"]), int(d["seed"]), int(d["rank"]), int(d["worker"]), tuple(d["shards"]),
                    int(d["resume"]), tuple(int(p) for p in d["poison"]),
                    {int(k): tuple(v) for k, v in d.get("skip", {}).items()},
-                   {int(k): (int(v[0]), int(v[1])) for k, v in d.get("parts", {}).items()})
+                   {int(k): (int(v[0]), int(v[1])) for k, v in d.get("parts", {}).items()}, int(d.get("run", -1)))
 
 
 @dataclass(frozen=True)
@@ -153,12 +158,13 @@ class EpochPlan:
             total += n // batch_size if drop_last else -(-n // batch_size)
         return total
 
-    def for_worker(self, worker: int, resume: int = 0, poison: tuple[int, ...] | list[int] = ()) -> WorkerPlan:
+    def for_worker(self, worker: int, resume: int = 0, poison: tuple[int, ...] | list[int] = (),
+                   run: int = -1) -> WorkerPlan:
         mine = self.assignment[worker]
         skip = {k: self.skip[path] for k, path in enumerate(mine) if self.skip.get(path)}
         parts = {k: part for k, part in enumerate(self.parts[worker]) if part != WHOLE}
         return WorkerPlan(self.epoch, self.seed, self.rank.rank, worker, mine, resume, tuple(sorted(poison)), skip,
-                          parts)
+                          parts, run)
 
     def describe(self) -> str:
         shares = "/".join(str(len(a)) for a in self.assignment)

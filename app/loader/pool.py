@@ -61,17 +61,37 @@ class WorkerPool:
 
     # -- the consumer side (transfer threads and the training loop) --------------------------
 
-    def start_epoch(self, plan: EpochPlan, first: list[int] | None = None, delivered: list[int] | None = None) -> None:
+    def start_epoch(self, plan: EpochPlan, first: list[int] | None = None, delivered: list[int] | None = None,
+                    run: int | None = None) -> None:
         """Begin ``plan``'s epoch (a resumed one from each worker's ``first`` batch and ``delivered`` stream
-        position); a previous epoch still in flight is abandoned and its slots return."""
+        position); a previous epoch still in flight is abandoned and its slots return.
+
+        ``run`` is the token the batches of this start carry (default: the epoch number); an epoch restarted
+        with another plan needs a new one. A plan for more workers than the pool has grows the pool.
+        """
         with self._cv:
             self._raise_if_failed()
-            self._scheduler.start_epoch(plan.epoch, first, delivered)
+            if plan.workers > self._supervisor.workers:
+                self._supervisor.add(plan.workers)
+            self._scheduler.start_epoch(plan.epoch if run is None else run, first, delivered, plan.workers)
             self._supervisor.new_epoch()
             self._plan = plan
-            self._needs_plan = [True] * len(self._needs_plan)
+            self._needs_plan = [True] * plan.workers
             self._cv.notify_all()
         self._supervisor.wake()
+
+    def grow(self, workers: int) -> None:
+        """Start workers up to ``workers`` now, idle until an epoch plan names them (``ready`` says when)."""
+        with self._cv:
+            self._raise_if_failed()
+            self._supervisor.add(workers)
+        self._supervisor.wake()
+
+    def ready(self) -> bool:
+        """Every worker, the grown ones too, has started."""
+        with self._cv:
+            self._raise_if_failed()
+            return self._supervisor.ready()
 
     def take(self, timeout: float = 0.5) -> ReadyBatch | EpochEnd | None:
         """The next filled batch, an EpochEnd once all are taken, or None after ``timeout``."""
@@ -158,6 +178,8 @@ class WorkerPool:
             with self._cv:
                 if self._stopping:
                     return
+                for w in self._supervisor.start_new():  # a grown pool: start them here, where workers start
+                    self._resend(w)
                 self._feed()
             messages, dead = self._supervisor.wait(self._wait)
             with self._cv:
@@ -199,8 +221,9 @@ class WorkerPool:
         if self._plan is None:
             return waiting
         for w, needed in enumerate(self._needs_plan):
-            if needed:
-                plan = self._plan.for_worker(w, self._scheduler.delivered(w), self._supervisor.poison(w))
+            if needed and w < self._supervisor.workers and self._supervisor.started(w):
+                plan = self._plan.for_worker(w, self._scheduler.delivered(w), self._supervisor.poison(w),
+                                             self._scheduler.epoch)
                 waiting |= self._supervisor.send(w, encode_epoch(plan))
                 self._needs_plan[w] = False
         return waiting
@@ -234,7 +257,11 @@ class WorkerPool:
         if self._stopping:
             return
         self._supervisor.replace(w, reason, self._scheduler.epoch, where)
-        if self._plan is not None:
+        self._resend(w)
+
+    def _resend(self, w: int) -> None:
+        """A new process in worker place ``w``: its plan, and the fills it holds, once more."""
+        if self._plan is not None and w < len(self._needs_plan):
             self._needs_plan[w] = True
             self._send_plans()
             for slot, j in self._scheduler.redo(w):
@@ -244,7 +271,8 @@ class WorkerPool:
         """What worker ``w`` is doing, from the status table alone (no file is read: it may hang)."""
         hand = self._supervisor.in_hand(w)
         plan = self._plan
-        if plan is None or hand.epoch != plan.epoch or not 0 <= hand.shard < len(plan.assignment[w]):
+        if (plan is None or hand.epoch != self._scheduler.epoch or w >= plan.workers
+                or not 0 <= hand.shard < len(plan.assignment[w])):
             return ""
         path = plan.assignment[w][hand.shard]
         if hand.pos >= 0:

@@ -11,9 +11,10 @@ each extension, which sizes padded fields with headroom.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from ..formats.shard_index import ShardError, load_index
 from .sample import FieldSelection, Transform, load_sample
 from .side import DEFAULT_SIDE_BYTES, KEY_ONLY_SIDE_BYTES, encode
 from .spec import SampleRejected, Spec, fill
+
+if TYPE_CHECKING:
+    from .worker import WorkerCode
 
 log = logging.getLogger("feedline.loader")
 
@@ -75,6 +79,21 @@ def _capacities(found: Probe, selection: FieldSelection, transform: Transform | 
     if selection.names is None:
         return dict(found.largest)
     return {name: max(found.largest.get(e, 0) for e in alts) for name, alts in selection.names.items()}
+
+
+def probe_spec(spec: Spec | Mapping[str, Any] | None, shards: list[str], describe: str,
+               code: "WorkerCode") -> tuple[Spec, list[dict[str, Any]]]:
+    """The batch layout, from a copy of the user's code (as a worker gets it) run on the first samples.
+
+    The user's own transform object is never called here, and the training script's ``random`` and
+    ``numpy`` streams are left as they were.
+    """
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        return resolve_spec(spec, shards, describe, code.decoder, code.selection, code.transform)
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
 
 
 def resolve_spec(spec: Spec | Mapping[str, Any] | None, shards: list[str], describe: str, decoder: Decoder,

@@ -89,8 +89,24 @@ def _check_format(state: Mapping[str, Any]) -> None:
         raise SettingError("state", f"is not a feedline loader state of format {FORMAT!r} (got {got!r})")
 
 
+def differing(state: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
+    """The settings a state must share with the loader (``EXACT``) that it does not."""
+    return [k for k in EXACT if state.get(k) != settings[k]]
+
+
+def saved_workers(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], current: int, most: int) -> int:
+    """``workers="auto"``: the worker count to load a state with — the saved run's where this host allows it,
+    so the resume is exact; else ``current`` (the rest of the epoch is then replayed over it)."""
+    saved = states if isinstance(states, Mapping) else (states[0] if len(states) == 1 else {})
+    workers = saved.get("workers")
+    if isinstance(workers, int) and 1 <= workers <= most and workers != current:
+        log.info("workers=auto: %d workers, as the saved run had", workers)
+        return workers
+    return current
+
+
 def _mismatches(state: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
-    return [f"{k}={state.get(k)!r} (this loader: {settings[k]!r})" for k in EXACT if state.get(k) != settings[k]]
+    return [f"{k}={state.get(k)!r} (this loader: {settings[k]!r})" for k in differing(state, settings)]
 
 
 def _shard_changes(saved: Sequence[str], current: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -72,15 +72,22 @@ class Scheduler:
 
     # -- epochs ------------------------------------------------------------------------------------
 
-    def start_epoch(self, epoch: int, first: list[int] | None = None, delivered: list[int] | None = None) -> None:
-        """Begin ``epoch``; filled batches of an abandoned epoch return their slots now, outstanding ones on answer.
+    def start_epoch(self, epoch: int, first: list[int] | None = None, delivered: list[int] | None = None,
+                    workers: int | None = None) -> None:
+        """Begin ``epoch`` (the pool's token for it); filled batches of an abandoned epoch return their slots now,
+        outstanding ones on answer.
 
         A resumed epoch gives, per worker, the batches the loop already had (``first``) and the stream
-        position after them (``delivered``); delivery goes on from there in the same order.
+        position after them (``delivered``); delivery goes on from there in the same order. ``workers``
+        changes the worker count from this epoch on (``workers="auto"``, a resume of its state); a worker
+        left out keeps its outstanding fills of the abandoned epoch until it answers them.
         """
         for slot, _, _ in self._ready.values():
             self.free.append(slot)
         self._ready.clear()
+        if workers is not None:
+            self._outstanding += [deque() for _ in range(workers - len(self._outstanding))]
+            self.workers = workers
         self.epoch = epoch
         self._first = list(first) if first is not None else [0] * self.workers
         self._delivered = list(delivered) if delivered is not None else [0] * self.workers
@@ -161,8 +168,8 @@ class Scheduler:
         return self._delivered[worker]
 
     def busy(self, worker: int) -> bool:
-        """The worker holds a slot to fill."""
-        return bool(self._outstanding[worker])
+        """The worker holds a slot to fill (one started ahead of the epoch that names it holds none)."""
+        return worker < len(self._outstanding) and bool(self._outstanding[worker])
 
     # -- the consumer ------------------------------------------------------------------------------
 

@@ -8,14 +8,19 @@ The face's ``Config`` builds one from flags and ``FEEDLINE_*`` variables;
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
 from ..errors import SettingError
+from . import autotune
 from .autotune import AUTO
 from .rank import Rank
+
+log = logging.getLogger("feedline.loader")
 
 # Workers start in a fresh interpreter (app.loader.launch), as spawn does: never fork — the trainer holds
 # CUDA and threads — and no forkserver, which would import the training script in its server.
@@ -50,6 +55,46 @@ def default_ring_slots(workers: int, transfer_threads: int, device_queue: int = 
     return 2 * workers + transfer_threads + device_queue
 
 
+CROPS = ("random", "center")
+BACKENDS = ("auto", "nvjpeg", "nvimgcodec", "pillow")
+
+
+@dataclass(frozen=True)
+class DeviceDecode:
+    """Which fields the batch stage decodes, and the size and crop every image gets.
+
+    ``crop="random"`` is Inception's random-resized crop (``scale``, ``ratio``) with a random
+    horizontal flip when ``flip``; ``"center"`` the largest centred crop of the output's aspect.
+    ``backend="auto"``: nvJPEG (torchvision) or else nvImageCodec on CUDA, Pillow on a CPU.
+    """
+
+    fields: tuple[str, ...] = ("jpg",)
+    size: int | tuple[int, int] = 224
+    crop: str = "random"
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: bool = True
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        fields = (self.fields,) if isinstance(self.fields, str) else tuple(self.fields)
+        if not fields or not all(isinstance(f, str) and f for f in fields):
+            raise SettingError("device_decode", f"fields must name the image fields to decode, got {self.fields!r}")
+        object.__setattr__(self, "fields", fields)
+        size = (self.size, self.size) if isinstance(self.size, int) else tuple(self.size)
+        if len(size) != 2 or not all(isinstance(d, int) and d >= 1 for d in size):
+            raise SettingError("device_decode", f"size must be an int or (height, width) >= 1, got {self.size!r}")
+        object.__setattr__(self, "size", size)
+        if self.crop not in CROPS:
+            raise SettingError("device_decode", f"crop must be one of {', '.join(CROPS)}, got {self.crop!r}")
+        if self.backend not in BACKENDS:
+            raise SettingError("device_decode", f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if not 0 < self.scale[0] <= self.scale[1] <= 1 or not 0 < self.ratio[0] <= self.ratio[1]:
+            raise SettingError("device_decode", f"scale must lie in (0, 1] and ratio be positive, low to high; got "
+                                                f"scale={self.scale}, ratio={self.ratio}")
+
+
+
 @dataclass(frozen=True)
 class LoaderSettings:
     """The staging loader's knobs; ``ring_slots`` None means ``default_ring_slots``, ``side_bytes`` None a default
@@ -58,7 +103,8 @@ class LoaderSettings:
     ``equal_batches`` how ranks of a torch.distributed job get the same number of batches (coordinate.py)."""
 
     batch_size: int = 32
-    workers: int | str = 2  # or "auto" (autotune.py), resolved when the loader starts
+    workers: int | str = 2  # or "auto" (autotune.py, tuner.py), resolved when the loader starts
+    max_workers: int | None = None  # with workers="auto": the most it grows to (None: from the host)
     transfer_threads: int | str = 1
     ring_slots: int | None = None
     device_queue: int = 2
@@ -79,12 +125,18 @@ class LoaderSettings:
     starvation_window: float = 30.0
     min_shards: int = 1
     wait_timeout: float = 60.0
+    device_decode: DeviceDecode | None = None  # image fields decoded after the ring, where the batch lands
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "batch_size", _int("batch_size", self.batch_size, 1))
         set_(self, "workers", _int_or_auto("workers", self.workers, 1))
         set_(self, "transfer_threads", _int_or_auto("transfer_threads", self.transfer_threads, 1))
+        if self.max_workers is not None:
+            set_(self, "max_workers", _int("max_workers", self.max_workers, 1))
+            if self.workers != AUTO:
+                raise SettingError("max_workers", f"caps workers='auto' only, but workers={self.workers}: drop "
+                                                  f"max_workers, or set workers='auto'")
         set_(self, "device_queue", _int("device_queue", self.device_queue, 1))
         set_(self, "shuffle_buffer", _int("shuffle_buffer", self.shuffle_buffer, 0))
         set_(self, "seed", _int("seed", self.seed, 0))
@@ -114,6 +166,20 @@ class LoaderSettings:
         set_(self, "device", device)
         if self.rank is not None and not isinstance(self.rank, Rank):
             raise SettingError("rank", f"must be a Rank(rank, world_size), got {self.rank!r}")
+        decode = self.device_decode
+        if decode is True:
+            set_(self, "device_decode", DeviceDecode())
+        elif isinstance(decode, Mapping):
+            try:
+                set_(self, "device_decode", DeviceDecode(**decode))
+            except TypeError as exc:
+                raise SettingError("device_decode", f"{exc}; its keys are fields, size, crop, scale, ratio, flip, "
+                                                    f"backend") from None
+        elif not (decode is None or decode is False or isinstance(decode, DeviceDecode)):
+            raise SettingError("device_decode", f"must be a DeviceDecode, a dict of its fields, True or None, got "
+                                                f"{decode!r}")
+        if decode is False:
+            set_(self, "device_decode", None)
         for name in ("zero_copy", "in_order", "shuffle", "drop_last"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingError(name, f"must be True or False, got {getattr(self, name)!r}")
@@ -125,6 +191,20 @@ class LoaderSettings:
             return self.ring_slots
         assert isinstance(self.workers, int) and isinstance(self.transfer_threads, int), "resolve 'auto' first"
         return default_ring_slots(self.workers, self.transfer_threads, self.device_queue)
+
+    def resolve_auto(self, device_type: str) -> tuple["LoaderSettings", int]:
+        """(these settings with ``auto`` replaced by numbers, the most workers they may grow to): the choice is
+        ``autotune.choose``'s, logged; the ring gets slots for the most."""
+        if AUTO not in (self.workers, self.transfer_threads):
+            return self, int(self.workers)
+        choice = autotune.choose(device_type, max_workers=self.max_workers)
+        most = choice.most if self.workers == AUTO else int(self.workers)
+        threads = choice.transfer_threads if self.transfer_threads == AUTO else int(self.transfer_threads)
+        out = self.replace(workers=choice.workers if self.workers == AUTO else self.workers, max_workers=None,
+                           transfer_threads=threads,
+                           ring_slots=self.ring_slots or default_ring_slots(most, threads, self.device_queue))
+        log.info("workers=%d, transfer_threads=%d (auto: %s)", out.workers, threads, choice.reason)
+        return out, most
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -151,7 +151,7 @@ def fill(field: Field, dst: np.ndarray, value: Any, lengths: np.ndarray | None, 
     return field.nbytes
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
@@ -279,7 +279,7 @@ def infer_field(key: str, values: Sequence[Any], capacity: int = 0) -> Field:
         return Field(key, arrays[0].dtype.str, shapes[0])
     if all(len(sh) == 1 for sh in shapes) and not any(_is_image(v) for v in values):
         longest = max(max(sh[0] for sh in shapes), capacity)
-        return Field(key, arrays[0].dtype.str, (_next_pow2(max(64, int(longest * 1.25))),), variable=True)
+        return Field(key, arrays[0].dtype.str, (next_pow2(max(64, int(longest * 1.25))),), variable=True)
     seen = ", ".join("x".join(map(str, sh)) for sh in shapes[:4])
     if any(_is_image(v) for v in values):
         raise ValueError(

@@ -132,6 +132,11 @@ class StatsRecorder:
         if step is not None:
             sink.inc("step_seconds_total", step)
 
+    def loop_times(self) -> tuple[float, float]:
+        """(seconds the loop waited in ``next()``, seconds it spent between calls), since the start."""
+        with self._lock:
+            return self._s.data_wait_seconds_total, self._s.step_seconds_total
+
     def batch_done(self, samples: int, read: int, decoded: int, decode_ns: int, errors: tuple[int, ...]) -> None:
         with self._lock:
             s = self._s
@@ -151,6 +156,12 @@ class StatsRecorder:
             for reason, n in zip(ERROR_REASONS, errors):
                 if n:
                     sink.inc("sample_errors_total", n, reason=reason)
+
+    def corrupt_dropped(self, samples: int) -> None:
+        """Rows the batch stage could not decode (``device_decode``): dropped, counted as corrupt samples."""
+        with self._lock:
+            self._s.sample_errors_total["corrupt"] += samples
+        self._sink.inc("sample_errors_total", samples, reason="corrupt")
 
     def transferred(self, nbytes: int, seconds: float | None) -> None:
         with self._lock:

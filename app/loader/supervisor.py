@@ -82,6 +82,7 @@ class _Proc:
     restarts_without_progress: int = 0
     last_crash_pos: int = -1
     poison: set[int] = field(default_factory=set)
+    ever_started: bool = False  # a process was started in this place (False: added, not yet started)
 
 
 class Supervisor:
@@ -106,6 +107,31 @@ class Supervisor:
         """Start every worker (from the dispatcher thread: a worker dies with the thread that started it)."""
         for p in self._procs:
             self._spawn(p)
+
+    @property
+    def workers(self) -> int:
+        return len(self._procs)
+
+    def add(self, workers: int) -> None:
+        """Places for workers up to ``workers`` (any thread, under the pool's lock); ``start_new`` starts them."""
+        if workers > self._ring.workers:
+            raise LoaderError(f"the ring has status rows for {self._ring.workers} workers, not {workers}")
+        self._procs += [_Proc(i) for i in range(len(self._procs), workers)]
+
+    def start_new(self) -> list[int]:
+        """Start the added workers (the dispatcher thread); their indexes."""
+        new = [p for p in self._procs if p.process is None and not p.ever_started]
+        for p in new:
+            self._spawn(p)
+        return [p.index for p in new]
+
+    def started(self, worker: int) -> bool:
+        """A process runs in this worker place (an added place may not have one yet)."""
+        return self._procs[worker].sock is not None
+
+    def ready(self) -> bool:
+        """Every worker finished starting (imports done): a pool that grew may hand them work without a wait."""
+        return all(p.started for p in self._procs)
 
     # -- events -------------------------------------------------------------------------------------
 
@@ -304,7 +330,7 @@ class Supervisor:
         p.sock = socket.socket(fileno=os.dup(conn.fileno()))
         p.outbox.clear()
         p.inbox.clear()
-        p.started, p.seen, p.progress_at = False, None, time.monotonic()
+        p.started, p.seen, p.progress_at, p.ever_started = False, None, time.monotonic(), True
         self._selector.register(conn, selectors.EVENT_READ, ("conn", p))
         if proc.sentinel is not None:
             self._selector.register(proc.sentinel, selectors.EVENT_READ, ("dead", p))

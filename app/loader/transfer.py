@@ -20,6 +20,8 @@ import numpy as np
 import torch
 
 from . import side
+from ..preflight import fmt_bytes
+from .device_decode import DeviceDecoder
 from .errors import LoaderError
 from .kept import KeptBatches
 from .pool import WorkerPool
@@ -114,6 +116,15 @@ class DeviceQueue:
             return len(self._items)
 
 
+def pin_ring(ring: BatchRing) -> int:
+    """Page-lock the whole ring once so every copy to the GPU can be asynchronous; the pointer to unregister."""
+    ptr = ring.memory.base.ctypes.data
+    err = torch.cuda.cudart().cudaHostRegister(ptr, ring.memory.size, 0)
+    if int(getattr(err, "value", err)) != 0:
+        raise LoaderError(f"cudaHostRegister of the {fmt_bytes(ring.memory.size)} ring failed: {err}")
+    return ptr
+
+
 def origin(item: ReadyBatch) -> tuple[int, int, int]:
     return item.worker, item.batch, item.stream_pos
 
@@ -136,10 +147,12 @@ class DirectHandOff:
 
     capacity = 0
 
-    def __init__(self, pool: WorkerPool, ring: BatchRing, stats: StatsRecorder, kept: KeptBatches | None = None):
+    def __init__(self, pool: WorkerPool, ring: BatchRing, stats: StatsRecorder, kept: KeptBatches | None = None,
+                 decoder: DeviceDecoder | None = None):
         self._pool = pool
         self._ring = ring
         self._stats = stats
+        self._decoder = decoder
         self._views = kept.views if kept is not None else ring.slot
         self._epoch = -1
 
@@ -159,6 +172,8 @@ class DirectHandOff:
                 self._pool.release(item.slot)
                 continue
             tensors, extra, nbytes = read_slot(self._views(item.slot), self._ring.layout, item.samples)
+            if self._decoder is not None:
+                tensors, extra = self._decoder.apply(tensors, extra, (item.worker, item.batch))
             self._stats.transferred(nbytes, None)
             return DeviceBatch(item.epoch, item.seq, tensors, extra, origin(item), slot=item.slot)
 
@@ -173,8 +188,9 @@ class TransferStage:
     """T threads in the trainer process copying batches from the pinned ring to the GPU."""
 
     def __init__(self, pool: WorkerPool, ring: BatchRing, queue: DeviceQueue, stats: StatsRecorder,
-                 threads: int, device: torch.device):
+                 threads: int, device: torch.device, decoder: DeviceDecoder | None = None):
         self._pool = pool
+        self._decoder = decoder
         self._ring = ring
         self._queue = queue
         self._stats = stats
@@ -222,6 +238,8 @@ class TransferStage:
         done = torch.cuda.Event(enable_timing=True, blocking=True)
         with torch.cuda.stream(stream):
             start.record(stream)
+            if self._decoder is not None:  # the images decoded on the device, straight from the pinned slot
+                views, extra = self._decoder.apply(views, extra, (item.worker, item.batch))
             tensors = {k: v.to(self._device, non_blocking=True) for k, v in views.items()}
             done.record(stream)
         self._queue.put(DeviceBatch(item.epoch, item.seq, tensors, extra, origin(item), event=done))

@@ -96,7 +96,7 @@ class _Epoch:
     """One epoch's stream and the counters of the batch being filled."""
 
     def __init__(self, plan: WorkerPlan, shuffle_buffer: int, status: np.ndarray):
-        self.epoch = plan.epoch
+        self.epoch = plan.run  # the token fills and results carry: a restarted epoch has a new one
         self.poison = set(plan.poison)
         self.status = status
         seed = plan.stream_seed

@@ -1,0 +1,79 @@
+"""``workers="auto"`` in the first epoch: the tuner asked at the loop's ``next()`` calls, its growth carried out.
+
+The decisions are ``tuner.py``'s; this drives them: every quarter second of the loop's time it samples
+the decoded queue and hands the tuner the loop's running totals; when the tuner wants more workers they
+are started ahead, idle, and once every one is up the loader restarts the rest of the epoch over them
+(``regrow``): the loop waits for no process start. Under torch.distributed, where the ranks agreed
+on the epoch's batch count (``equal_batches``), the new workers take over at the next epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from .pool import WorkerPool
+from .tuner import WorkerTuner, decide
+
+log = logging.getLogger("feedline.loader")
+
+POLL = 0.05  # seconds between looks at workers being started
+CHECK = 0.25  # seconds between looks at the window
+
+
+class AutoWorkers:
+    """The tuner, the pool it grows, and the loader's ways to measure the loop and to restart the epoch."""
+
+    def __init__(self, tuner: WorkerTuner, pool: WorkerPool, loop_times: Callable[[], tuple[float, float]],
+                 batches: Callable[[], int], regrow: Callable[[int], None], in_epoch: bool = True):
+        self.tuner = tuner
+        self._in_epoch = in_epoch  # False under torch.distributed: the ranks agreed on the epoch's batch count
+        self._pool = pool
+        self._loop_times = loop_times
+        self._batches = batches
+        self._regrow = regrow
+        self.done = False
+
+    def __call__(self, now: float) -> float | None:
+        """At a ``next()`` once ``now`` passed the time this returned last; None: no more calls."""
+        t = self.tuner
+        if self.done:
+            return None
+        if t.growing_to is not None:  # started ahead: the rest of the epoch goes to them once they are up
+            if not self._pool.ready():
+                return now + POLL
+            workers, t.growing_to = t.growing_to, None
+            self._regrow(workers)
+            t.workers = workers
+            t.restarted()
+            if workers >= t.most:
+                self.stop("the most auto runs here")
+                return None
+            return now
+        t.sample_depth(self._pool.depths()["decoded"])  # as the loop asks for a batch
+        wait, step = self._loop_times()
+        window = t.window(now, wait, step, self._batches())
+        if window is None:
+            return now if t.settling else now + CHECK
+        d = decide(t.workers, t.most, window)
+        log.info("workers=auto: %s", d.reason)
+        if d.workers > t.workers:
+            t.growing_to = d.workers
+            self._pool.grow(d.workers)
+            if not self._in_epoch:  # more workers would change this rank's batch count: from the next epoch
+                self.stop("from the next epoch on (the ranks agreed on this epoch's batch count)")
+                return None
+            return now + POLL
+        if d.final:
+            self.stop(None)
+            return None
+        return now + CHECK
+
+    def stop(self, message: str | None) -> int:
+        """No more adjusting; the worker count from now on (workers started but not yet given the epoch too)."""
+        t = self.tuner
+        workers = t.growing_to if t.growing_to is not None else t.workers
+        if not self.done and message:
+            log.info("workers=auto: %d workers from now on: %s", workers, message)
+        self.done = True
+        return workers
