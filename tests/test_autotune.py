@@ -183,3 +183,13 @@ def test_a_state_saved_after_auto_grew_resumes_exactly_in_a_fresh_auto_loader(ma
 def test_max_workers_is_for_auto_only():
     with pytest.raises(SettingError, match="max_workers"):
         StagingLoader("x.tar", workers=2, max_workers=4)
+
+
+def test_a_loaded_state_gives_auto_its_worker_count_up_to_the_most_and_says_if_it_was_the_first_epoch():
+    from app.loader.resume import saved_workers
+
+    first = {"workers": 3, "plan": {"epoch": 0}, "finished": False}
+    later = {"workers": 6, "plan": {"epoch": 2}, "finished": False}
+    assert saved_workers(first, current=1, most=4) == (3, True)
+    assert saved_workers(later, current=1, most=4) == (4, False)  # above the most: the most, replayed
+    assert saved_workers({"workers": 2, "plan": None}, current=2, most=4) == (2, True)

@@ -120,3 +120,16 @@ def test_device_decode_settings_are_refused_with_the_setting_named(colored):
     with pytest.raises(SettingError, match="device_decode.*declare it"):
         StagingLoader(colored, fields=["jpg", "cls"], spec={"jpg": "text", "cls": "int64"},
                       device_decode={"fields": ["jpg"]})
+
+
+def test_images_nothing_can_decode_count_against_the_failure_budget(tmp_path):
+    from app import LoaderError
+
+    samples = [(f"k{i:03d}", {"jpg": solid_jpeg(COLORS[0], (16, 16)) if i % 2 else b"\xff\xd8 broken" * 4,
+                              "cls": b"0"}) for i in range(40)]
+    path = write_tar(str(tmp_path / "half-bad.tar"), samples)
+    with pytest.raises(LoaderError, match="too many bad samples.*corrupt"):
+        with StagingLoader(path, batch_size=4, workers=1, fields=["jpg", "cls"], max_sample_errors=5,
+                           device_decode={"fields": ["jpg"], "size": 8}) as loader:
+            for _ in loader:
+                pass

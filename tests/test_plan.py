@@ -94,3 +94,16 @@ def test_a_resumed_epoch_goes_on_from_each_workers_next_batch_in_the_same_order(
     fills = [s.next_fill() for _ in range(4)]
     assert [(w, j) for w, _, j in fills] == [(2, 2), (0, 3), (1, 3), (2, 3)]
     assert s.delivered(0) == 30 and s.progress().delivered == (30, 31, 20)
+
+
+def test_an_epoch_restarted_over_more_workers_keeps_its_failure_count_and_drops_the_old_answers():
+    s = Scheduler(slots=4, workers=1)
+    s.start_epoch(0)
+    s.next_fill()
+    s.on_result(0, _result(DONE, 0, 0, 0))
+    s.add_errors("corrupt", 3)
+    s.start_epoch(1, workers=3, restart=True)  # run 1: the rest of epoch 0 over three workers
+    assert s.errors == 3 and s.samples == 4 and s.workers == 3
+    assert [w for w, _, _ in (s.next_fill() for _ in range(3))] == [0, 1, 2]
+    s.start_epoch(2)  # a new epoch starts its count anew
+    assert s.errors == 0 and s.samples == 0

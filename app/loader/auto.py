@@ -18,6 +18,7 @@ from .tuner import WorkerTuner, decide
 log = logging.getLogger("feedline.loader")
 
 POLL = 0.05  # seconds between looks at workers being started
+GROW_WAIT = 120.0  # seconds workers may take to start before the growth is given up
 CHECK = 0.25  # seconds between looks at the window
 
 
@@ -32,6 +33,7 @@ class AutoWorkers:
         self._loop_times = loop_times
         self._batches = batches
         self._regrow = regrow
+        self._grow_by = 0.0  # the time by which started workers must be up
         self.done = False
 
     def __call__(self, now: float) -> float | None:
@@ -41,7 +43,13 @@ class AutoWorkers:
             return None
         if t.growing_to is not None:  # started ahead: the rest of the epoch goes to them once they are up
             if not self._pool.ready():
-                return now + POLL
+                if now < self._grow_by:
+                    return now + POLL
+                log.warning("workers=auto: the %d workers started did not come up within %.0f s; keeping %d",
+                            t.growing_to, GROW_WAIT, t.workers)
+                t.growing_to = None
+                self.stop(None)
+                return None
             workers, t.growing_to = t.growing_to, None
             self._regrow(workers)
             t.workers = workers
@@ -58,7 +66,7 @@ class AutoWorkers:
         d = decide(t.workers, t.most, window)
         log.info("workers=auto: %s", d.reason)
         if d.workers > t.workers:
-            t.growing_to = d.workers
+            t.growing_to, self._grow_by = d.workers, now + GROW_WAIT
             self._pool.grow(d.workers)
             if not self._in_epoch:  # more workers would change this rank's batch count: from the next epoch
                 self.stop("from the next epoch on (the ranks agreed on this epoch's batch count)")
@@ -68,6 +76,14 @@ class AutoWorkers:
             self.stop(None)
             return None
         return now + CHECK
+
+    def adopt(self, workers: int, go_on: bool) -> bool:
+        """A loaded state's worker count; the tuner goes on from it if ``go_on`` (the state is of the first
+        epoch), else it is done. True while it goes on."""
+        self.tuner.workers, self.tuner.growing_to = workers, None
+        self.tuner.restarted()
+        self.done = self.done or not go_on
+        return not self.done
 
     def stop(self, message: str | None) -> int:
         """No more adjusting; the worker count from now on (workers started but not yet given the epoch too)."""

@@ -21,6 +21,7 @@ import importlib
 import io
 import logging
 import random
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -42,25 +43,25 @@ def as_compressed(data: memoryview) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
 
-def pick_backend(wanted: str, device: torch.device) -> str:
-    """The backend that will run, or a ``SettingError`` saying what to install."""
+def pick_backend(wanted: str, device: torch.device) -> list[str]:
+    """The backends that may run, in the order to try them, or a ``SettingError`` saying what to install."""
     if device.type != "cuda":
         if wanted not in ("auto", "pillow"):
             raise SettingError("device_decode", f"backend={wanted!r} decodes on a CUDA device, but device="
                                                 f"{str(device)!r}; use backend='auto' (Pillow on a CPU)")
-        return "pillow"
-    found = [name for name, ok in (("nvjpeg", _has_torchvision_decode()), ("nvimgcodec", _has_nvimgcodec())) if ok]
+        return ["pillow"]
     if wanted == "pillow":
-        return "pillow"
-    if wanted != "auto" and wanted not in found:
-        found = []
+        return ["pillow"]
+    found = [name for name, ok in (("nvjpeg", _has_torchvision_decode()), ("nvimgcodec", _has_nvimgcodec())) if ok]
+    if wanted != "auto":
+        found = [name for name in found if name == wanted]
     if not found:
         raise SettingError(
             "device_decode", f"backend={wanted!r} on CUDA needs torchvision's decode_jpeg (a torchvision built for "
                              f"this torch) or nvImageCodec (pip install nvidia-nvimgcodec-cu12), and neither "
                              f"{'is' if wanted == 'auto' else 'of those asked for is'} importable here; install one, "
                              f"or pass backend='pillow' (decodes on the CPU, in the training process)")
-    return wanted if wanted != "auto" else found[0]
+    return found
 
 
 def _has_torchvision_decode() -> bool:
@@ -158,15 +159,39 @@ class DeviceDecoder:
         self.device = device
         self.seed = seed
         self.epoch = 0  # the loader's, set as each epoch starts: a seed of the crops
-        self.backend = pick_backend(settings.backend, device)
         self._on_corrupt = on_corrupt
-        self._nvimgcodec: Any = None
-        if self.backend == "nvimgcodec":
-            from nvidia import nvimgcodec
-
-            self._nvimgcodec = nvimgcodec.Decoder(device_id=device.index or 0)
+        self._local = threading.local()  # an nvImageCodec decoder per transfer thread
+        self._warned = False
+        if device.type == "cuda" and device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        tried = []
+        for backend in pick_backend(settings.backend, self.device):  # each tried on a small JPEG, once
+            self.backend = backend
+            why = self._works()
+            if why is None:
+                break
+            tried.append(f"{backend}: {why}")
+        else:
+            raise SettingError("device_decode", f"no backend decoded a test JPEG on {self.device} "
+                                                f"({'; '.join(tried)}); pass backend='pillow' to decode on the CPU")
         log.info("device_decode: %s decoded on %s by %s, %dx%d, %s crop", ", ".join(settings.fields), device,
                  self.backend, settings.size[0], settings.size[1], settings.crop)  # type: ignore[index]
+
+    def _works(self) -> str | None:
+        """None if this backend decodes a small JPEG on the device, else why not."""
+        if self.backend == "pillow":
+            return None
+        buf = io.BytesIO()
+        from PIL import Image
+
+        Image.new("RGB", (16, 8), (200, 30, 30)).save(buf, format="JPEG")
+        try:
+            img = self._batch([torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)])[0]
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if img is None or tuple(img.shape) != (3, 8, 16) or img.device != self.device:
+            return f"it returned {None if img is None else (tuple(img.shape), str(img.device))}"
+        return None
 
     def apply(self, tensors: dict[str, torch.Tensor], extra: dict[str, list[Any]],
               origin: tuple[int, int]) -> tuple[dict[str, torch.Tensor], dict[str, list[Any]]]:
@@ -214,7 +239,10 @@ class DeviceDecoder:
             for i, img in zip(jpeg, self._batch([members[i] for i in jpeg])):
                 out[i] = img
         except RuntimeError as exc:  # one bad member fails the batch call: decode them one by one
-            log.debug("batch decode failed (%s); decoding one by one", exc)
+            if not self._warned:
+                self._warned = True
+                log.warning("device_decode: a batch call of %s failed (%s); its members are decoded one by one, "
+                            "those it refuses by Pillow on the CPU (logged once)", self.backend, exc)
             for i in jpeg:
                 try:
                     out[i] = self._batch([members[i]])[0]
@@ -233,7 +261,14 @@ class DeviceDecoder:
             from torchvision.io import ImageReadMode, decode_jpeg
 
             return list(decode_jpeg(members, mode=ImageReadMode.RGB, device=self.device))
-        images = self._nvimgcodec.decode([m.numpy() for m in members])
+        decoder = getattr(self._local, "decoder", None)
+        if decoder is None:
+            from nvidia import nvimgcodec
+
+            decoder = self._local.decoder = nvimgcodec.Decoder(device_id=self.device.index)
+        # on this thread's stream, so the crops after it (and the slot's release) wait for it
+        images = decoder.decode([m.numpy() for m in members],
+                                cuda_stream=torch.cuda.current_stream(self.device).cuda_stream)
         return [torch.as_tensor(img, device=self.device).permute(2, 0, 1) if img is not None else None
                 for img in images]
 

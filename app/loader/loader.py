@@ -155,7 +155,6 @@ class StagingLoader:
             self.spec, probed = probe_spec(spec, first, self.source.describe(), p.launcher.code())
             if s.device_decode is not None:
                 self.spec = compressed_spec(self.spec, s.device_decode)
-                p.decoder = DeviceDecoder(s.device_decode, self.device, s.seed, self._stats.corrupt_dropped)
             layout = RingLayout(self.spec, s.batch_size, resolve_side_bytes(s.side_bytes, self.spec, probed))
             check_ring_memory(layout, s.slots, self.most_workers)
             p.ring = BatchRing(layout, s.slots, self.most_workers)
@@ -164,18 +163,15 @@ class StagingLoader:
             setup = WorkerSetup(RingHandle.of(p.ring), s.shuffle_buffer if s.shuffle else 0, s.drop_last,
                                 logging.getLogger("feedline").getEffectiveLevel())
             stats, slots = self._stats, s.slots
-
-            def tick() -> None:  # the dispatcher's, 4 times a second
-                if p.kept is not None:
-                    p.kept.give_back_idle()
-                stats.report_gauges(*p.gauges(slots))
-
             p.pool = WorkerPool(p.ring, p.launcher, setup.to_json(), s.workers, stats,
                                 ErrorBudget(s.max_sample_errors), in_order=s.in_order,
-                                worker_timeout=s.worker_timeout, on_tick=tick)
+                                worker_timeout=s.worker_timeout, on_tick=lambda: p.tick(stats, slots))
+            if s.device_decode is not None:  # rows it cannot decode count against the failure budget
+                p.decoder = DeviceDecoder(s.device_decode, self.device, s.seed, p.pool.samples_dropped)
             if tuner is not None:
                 self._auto = AutoWorkers(tuner, p.pool, stats.loop_times, lambda: self._cursor.batches if
-                                         self._cursor else 0, self._regrow, in_epoch=p.coordinator is None)
+                                         self._cursor else 0, self._regrow,
+                                         in_epoch=p.coordinator is None and s.in_order)
             if self.device.type == "cpu":
                 if not s.zero_copy:  # batches the loop may keep: the held ones beyond the spare are moved out
                     p.kept = KeptBatches(p.ring, p.pool.release, spare=max(1, slots - 2 * most),
@@ -275,13 +271,14 @@ class StagingLoader:
         self._iterator = weakref.ref(it)
         return it
 
-    def _start_run(self, plan: EpochPlan, first: list[int] | None = None, delivered: list[int] | None = None) -> None:
+    def _start_run(self, plan: EpochPlan, first: list[int] | None = None, delivered: list[int] | None = None,
+                   restart: bool = False) -> None:
         """Hand ``plan`` to the pool and the queue under a new run number (batches of earlier runs are dropped)."""
         p = self._pipeline
         assert p.pool is not None and p.queue is not None
         run, self._runs = self._runs, self._runs + 1
         p.queue.start_epoch(run)
-        p.pool.start_epoch(plan, first, delivered, run)
+        p.pool.start_epoch(plan, first, delivered, run, restart)
 
     # -- workers="auto" during the first epoch (tuner.py) ----------------------------------------
 
@@ -295,8 +292,8 @@ class StagingLoader:
                                 self.source.growing, elastic=True)
         if resume is not None:
             self.plan = resume.plan
-            self._cursor.per_worker = [[0, 0] for _ in range(workers)]
-            self._start_run(resume.plan)
+            self._cursor.regrown(workers)
+            self._start_run(resume.plan, restart=True)
 
     def _stop_auto(self, message: str | None) -> None:
         """Auto stops adjusting: the first epoch ended, or a state was loaded."""
@@ -352,8 +349,9 @@ class StagingLoader:
         the interrupted epoch had not delivered is delivered exactly once, in another order.
         """
         if self.auto_workers:  # auto takes the saved run's worker count (it had tuned it): the resume is exact
-            self._stop_auto(None)
-            workers = saved_workers(state, self.settings.workers, self.most_workers)
+            workers, first_epoch = saved_workers(state, self.settings.workers, self.most_workers)
+            if self._auto is not None and not self._auto.adopt(workers, go_on=first_epoch):
+                self._auto = None  # tuned in an epoch before: that count stays
             self.settings = self.settings.replace(workers=workers)
             elastic = elastic or isinstance(state, Mapping) and differing(state, self._state_settings()) == ["workers"]
         resume, next_epoch = plan_resume(state, self._state_settings(), self.rank, self.source.snapshot(),
@@ -371,7 +369,7 @@ class StagingLoader:
         if self._resume is not None:
             plan = self._resume.plan
         elif self.plan is not None and self._cursor is not None and not self._cursor.finished:
-            plan = self.plan
+            return self._cursor.before + self.plan.batches(self.settings.batch_size, self.settings.drop_last)
         else:
             plan = self._plan_epoch(self._next_epoch)
         return plan.batches(self.settings.batch_size, self.settings.drop_last)

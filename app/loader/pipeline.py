@@ -12,11 +12,12 @@ from __future__ import annotations
 import torch
 
 from .coordinate import RankCoordinator
+from .device_decode import DeviceDecoder
 from .kept import KeptBatches
 from .launch import Launcher
-from .device_decode import DeviceDecoder
 from .pool import WorkerPool
 from .ring import BatchRing
+from .stats import StatsRecorder
 from .transfer import DeviceQueue, DirectHandOff, TransferStage
 
 
@@ -33,6 +34,12 @@ class Pipeline:
         self.coordinator: RankCoordinator | None = None
         self.pinned_ptr: int | None = None
         self.decoder: DeviceDecoder | None = None  # device_decode=: the batch stage's image decoder
+
+    def tick(self, stats: StatsRecorder, slots: int) -> None:
+        """The dispatcher's, 4 times a second: slots of kept batches let go return, the gauges go to ``stats``."""
+        if self.kept is not None:
+            self.kept.give_back_idle()
+        stats.report_gauges(*self.gauges(slots))
 
     def gauges(self, slots: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
         """(queue depths, queue capacities, worker states) as they are now."""

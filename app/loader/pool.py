@@ -62,19 +62,21 @@ class WorkerPool:
     # -- the consumer side (transfer threads and the training loop) --------------------------
 
     def start_epoch(self, plan: EpochPlan, first: list[int] | None = None, delivered: list[int] | None = None,
-                    run: int | None = None) -> None:
+                    run: int | None = None, restart: bool = False) -> None:
         """Begin ``plan``'s epoch (a resumed one from each worker's ``first`` batch and ``delivered`` stream
         position); a previous epoch still in flight is abandoned and its slots return.
 
         ``run`` is the token the batches of this start carry (default: the epoch number); an epoch restarted
-        with another plan needs a new one. A plan for more workers than the pool has grows the pool.
+        with another plan needs a new one, and ``restart`` keeps the epoch's failure budget and crash memory.
+        A plan for more workers than the pool has grows the pool.
         """
         with self._cv:
             self._raise_if_failed()
             if plan.workers > self._supervisor.workers:
                 self._supervisor.add(plan.workers)
-            self._scheduler.start_epoch(plan.epoch if run is None else run, first, delivered, plan.workers)
-            self._supervisor.new_epoch()
+            self._scheduler.start_epoch(plan.epoch if run is None else run, first, delivered, plan.workers, restart)
+            if not restart:
+                self._supervisor.new_epoch()
             self._plan = plan
             self._needs_plan = [True] * plan.workers
             self._cv.notify_all()
@@ -117,6 +119,17 @@ class WorkerPool:
             waiting = self._feed()
         if waiting:
             self._supervisor.wake()
+
+    def samples_dropped(self, n: int) -> None:
+        """Samples the batch stage could not decode (``device_decode``): counted, and against the failure budget."""
+        self._stats.corrupt_dropped(n)
+        with self._cv:
+            self._scheduler.add_errors("corrupt", n)
+            try:
+                self._check_budget()
+            except LoaderError as exc:
+                self._error = self._error or exc
+                self._cv.notify_all()
 
     def fail(self, exc: BaseException) -> None:
         with self._cv:
@@ -178,8 +191,7 @@ class WorkerPool:
             with self._cv:
                 if self._stopping:
                     return
-                for w in self._supervisor.start_new():  # a grown pool: start them here, where workers start
-                    self._resend(w)
+                self._resend(*self._supervisor.start_new())  # a grown pool: started here, where workers start
                 self._feed()
             messages, dead = self._supervisor.wait(self._wait)
             with self._cv:
@@ -244,6 +256,10 @@ class WorkerPool:
         self._stats.batch_done(r.samples, r.read_bytes, r.decoded_bytes, r.decode_ns, r.errors)
         if r.kind == DONE:
             self._supervisor.progressed(w)
+        if self._scheduler.errors:
+            self._check_budget()
+
+    def _check_budget(self) -> None:
         s = self._scheduler
         if s.errors and self._budget.exceeded(s.errors, s.samples, s.finished):
             detail = ", ".join(f"{k}={v}" for k, v in zip(ERROR_REASONS, s.error_counts) if v)
@@ -259,11 +275,14 @@ class WorkerPool:
         self._supervisor.replace(w, reason, self._scheduler.epoch, where)
         self._resend(w)
 
-    def _resend(self, w: int) -> None:
-        """A new process in worker place ``w``: its plan, and the fills it holds, once more."""
-        if self._plan is not None and w < len(self._needs_plan):
+    def _resend(self, *workers: int) -> None:
+        """New processes in these worker places: their plans, and the fills they hold, once more."""
+        mine = [w for w in workers if self._plan is not None and w < len(self._needs_plan)]
+        for w in mine:
             self._needs_plan[w] = True
+        if mine:
             self._send_plans()
+        for w in mine:
             for slot, j in self._scheduler.redo(w):
                 self._supervisor.send(w, encode_fill(self._scheduler.epoch, slot, j))
 

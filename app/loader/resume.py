@@ -43,6 +43,7 @@ class Cursor:
     batches: int = 0
     per_worker: list[list[int]] = field(default_factory=list)
     finished: bool = False
+    before: int = 0  # batches received before the epoch's rest was split anew (workers="auto")
 
     @classmethod
     def start(cls, workers: int, first: Sequence[int] | None = None,
@@ -50,6 +51,11 @@ class Cursor:
         first = first or [0] * workers
         delivered = delivered or [0] * workers
         return cls(sum(first), [[b, p] for b, p in zip(first, delivered)])
+
+    def regrown(self, workers: int) -> None:
+        """The rest of the epoch goes on over ``workers`` new streams; the batches so far stay counted."""
+        self.before = self.batches
+        self.per_worker = [[0, 0] for _ in range(workers)]
 
     def record(self, worker: int, batch: int, stream_pos: int) -> None:
         """The loop received batch ``batch`` of ``worker``; a few list stores, on every ``next()``."""
@@ -94,15 +100,21 @@ def differing(state: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str
     return [k for k in EXACT if state.get(k) != settings[k]]
 
 
-def saved_workers(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], current: int, most: int) -> int:
-    """``workers="auto"``: the worker count to load a state with — the saved run's where this host allows it,
-    so the resume is exact; else ``current`` (the rest of the epoch is then replayed over it)."""
+def saved_workers(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], current: int,
+                  most: int) -> tuple[int, bool]:
+    """``workers="auto"``: (the worker count to load a state with, whether it was taken in the first epoch).
+
+    The saved run's count where this host allows it, so the resume is exact; above the most, the most
+    (the rest of the epoch is then replayed over it)."""
     saved = states if isinstance(states, Mapping) else (states[0] if len(states) == 1 else {})
+    plan = saved.get("plan")
+    first_epoch = plan is None or (int(plan.get("epoch", 0)) == 0 and not saved.get("finished"))
     workers = saved.get("workers")
-    if isinstance(workers, int) and 1 <= workers <= most and workers != current:
-        log.info("workers=auto: %d workers, as the saved run had", workers)
-        return workers
-    return current
+    if not isinstance(workers, int) or workers < 1 or workers == current:
+        return current, first_epoch
+    log.info("workers=auto: %d workers, as the saved run had%s", min(workers, most),
+             "" if workers <= most else f" ({workers}) at most")
+    return min(workers, most), first_epoch
 
 
 def _mismatches(state: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:

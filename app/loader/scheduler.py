@@ -73,14 +73,15 @@ class Scheduler:
     # -- epochs ------------------------------------------------------------------------------------
 
     def start_epoch(self, epoch: int, first: list[int] | None = None, delivered: list[int] | None = None,
-                    workers: int | None = None) -> None:
+                    workers: int | None = None, restart: bool = False) -> None:
         """Begin ``epoch`` (the pool's token for it); filled batches of an abandoned epoch return their slots now,
         outstanding ones on answer.
 
         A resumed epoch gives, per worker, the batches the loop already had (``first``) and the stream
         position after them (``delivered``); delivery goes on from there in the same order. ``workers``
         changes the worker count from this epoch on (``workers="auto"``, a resume of its state); a worker
-        left out keeps its outstanding fills of the abandoned epoch until it answers them.
+        left out keeps its outstanding fills of the abandoned epoch until it answers them. A ``restart`` (the
+        rest of the same epoch, split anew) keeps the epoch's sample and error counts: one failure budget.
         """
         for slot, _, _ in self._ready.values():
             self.free.append(slot)
@@ -92,9 +93,11 @@ class Scheduler:
         self._first = list(first) if first is not None else [0] * self.workers
         self._delivered = list(delivered) if delivered is not None else [0] * self.workers
         self._assign_at = self._take_at = min((j, w) for w, j in enumerate(self._first))
-        self.taken = self.samples = 0
-        self.error_counts = [0] * len(ERROR_REASONS)
-        self._errors = 0
+        self.taken = 0
+        if not restart:
+            self.samples = 0
+            self.error_counts = [0] * len(ERROR_REASONS)
+            self._errors = 0
         self._ended_at = [None] * self.workers
         self._last_end = None
 
@@ -150,6 +153,11 @@ class Scheduler:
                 ends = self._ended_at
                 self._last_end = max(ends) if all(e is not None for e in ends) else None  # type: ignore[type-var]
         return True
+
+    def add_errors(self, reason: str, n: int) -> None:
+        """Samples found bad after the workers (``device_decode``): they count against the failure budget."""
+        self.error_counts[ERROR_REASONS.index(reason)] += n
+        self._errors = sum(n for n, budgeted in zip(self.error_counts, _BUDGETED) if budgeted)
 
     def redo(self, worker: int) -> list[tuple[int, int]]:
         """(slot, j) a replaced worker must fill again; its outstanding slots of older epochs come back."""
