@@ -214,3 +214,14 @@ def wds_shards(directory, shards=4, per_shard=12, suffix="tar", extra=None, size
             sample.update((extra or {}).get(i, {}))
             sink.write(sample)
     return os.path.join(directory, f"shard-{{000000..{shards - 1:06d}}}.{suffix}")
+
+
+class Slow:
+    """A transform that waits (a remote read, a slow disk): more workers help while the CPUs stay idle."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __call__(self, sample):
+        time.sleep(self.seconds)
+        return sample

@@ -5,7 +5,7 @@ import os
 import time
 
 import pytest
-from helpers import id_shards
+from helpers import Slow, id_shards
 
 from app import StagingLoader
 from app.config import Config, ConfigError
@@ -120,17 +120,6 @@ def test_the_cpu_meter_reads_idle_time_of_its_own_cpus_and_the_cgroup_quota(tmp_
     assert meter.idle_cpus() == 0.0
 
 
-class _Sleepy:
-    """Decoding that waits (a remote read, a slow disk): more workers help while the CPUs stay idle."""
-
-    def __init__(self, seconds):
-        self.seconds = seconds
-
-    def __call__(self, sample):
-        time.sleep(self.seconds)
-        return sample
-
-
 ID_SPEC = {"cls": "int64", "bin": ("uint8", (64,))}
 
 
@@ -143,7 +132,7 @@ def many(tmp_path):
 def test_auto_grows_a_starving_pool_during_the_first_epoch_and_delivers_every_sample_once(many, caplog):
     with caplog.at_level(logging.INFO, logger="feedline.loader"):
         with StagingLoader(many, batch_size=8, workers="auto", max_workers=3, spec=ID_SPEC,
-                           transform=_Sleepy(0.004)) as loader:
+                           transform=Slow(0.004)) as loader:
             assert loader.workers == 1
             ids = [int(i) for b in loader for i in b["cls"]]
             assert loader.workers == 3
@@ -163,7 +152,7 @@ def test_auto_keeps_its_workers_when_the_loop_does_not_wait(shards, caplog):
 
 
 def test_a_state_saved_after_auto_grew_resumes_exactly_in_a_fresh_auto_loader(many):
-    kwargs = dict(batch_size=8, workers="auto", max_workers=3, spec=ID_SPEC, transform=_Sleepy(0.004))
+    kwargs = dict(batch_size=8, workers="auto", max_workers=3, spec=ID_SPEC, transform=Slow(0.004))
     with StagingLoader(many, **kwargs) as loader:
         seen = []
         it = iter(loader)

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import children_of, id_samples, id_shards, jpeg_bytes, write_tar
+from helpers import Slow, children_of, id_samples, id_shards, jpeg_bytes, write_tar
 
 from app import LoaderError, Rank, StagingLoader
 from app.formats.transforms import RandomResizedCrop
@@ -226,7 +226,7 @@ def test_truncated_shard_is_skipped_and_other_shards_still_load(shards):
 
 
 def test_killed_worker_is_replaced_and_no_sample_is_lost(shards):
-    with StagingLoader(shards, batch_size=4, workers=2, spec=ID_SPEC, transform=_Slow(0.01)) as loader:
+    with StagingLoader(shards, batch_size=4, workers=2, spec=ID_SPEC, transform=Slow(0.01)) as loader:
         seen = []
         for i, batch in enumerate(loader):
             seen.extend(batch["cls"].tolist())
@@ -234,15 +234,6 @@ def test_killed_worker_is_replaced_and_no_sample_is_lost(shards):
                 os.kill(loader._pipeline.pool.worker_pids()[1], signal.SIGKILL)
         assert sorted(seen) == list(range(6 * 37))
         assert loader.stats().worker_restarts_total == 1
-
-
-class _Slow:
-    def __init__(self, seconds):
-        self.seconds = seconds
-
-    def __call__(self, sample):
-        time.sleep(self.seconds)
-        return sample
 
 
 class _CrashOn:
@@ -314,7 +305,7 @@ def test_slow_step_means_no_starvation(shards):
 
 
 def test_instant_step_with_slow_decoding_means_starvation(shards):
-    with StagingLoader(shards, batch_size=8, workers=1, spec=ID_SPEC, transform=_Slow(0.005)) as loader:
+    with StagingLoader(shards, batch_size=8, workers=1, spec=ID_SPEC, transform=Slow(0.005)) as loader:
         ids_of(loader)
         stats = loader.stats()
     assert stats.gpu_starvation_ratio > 0.8
@@ -393,7 +384,7 @@ class _HangOn:
 
 def test_a_stopped_worker_is_replaced_with_its_stack_logged_and_no_sample_lost(shards, caplog):
     with caplog.at_level(logging.WARNING, logger="feedline.loader"):
-        with StagingLoader(shards, batch_size=4, workers=2, spec=ID_SPEC, transform=_Slow(0.01),
+        with StagingLoader(shards, batch_size=4, workers=2, spec=ID_SPEC, transform=Slow(0.01),
                            worker_timeout=1.0) as loader:
             seen = []
             for i, batch in enumerate(loader):
@@ -425,7 +416,7 @@ def test_a_sample_that_hangs_its_worker_twice_is_skipped_and_counted_naming_shar
 
 def test_a_slow_but_progressing_worker_is_not_taken_for_stalled(tmp_path):
     few = id_shards(str(tmp_path / "few"), shards=2, per_shard=6)
-    with StagingLoader(few, batch_size=4, workers=1, spec=ID_SPEC, transform=_Slow(0.25),
+    with StagingLoader(few, batch_size=4, workers=1, spec=ID_SPEC, transform=Slow(0.25),
                        worker_timeout=0.5) as loader:  # every batch takes twice the timeout; every sample half
         assert len(ids_of(loader)) == 12
         assert loader.stats().worker_restarts_total == 0
