@@ -42,6 +42,22 @@ def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
     assert "| feedline (zero-copy) |" in md and "### Targets" in md
 
 
+def test_the_end_to_end_row_trains_a_model_fed_three_ways(tmp_path):
+    out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
+    run = subprocess.run(
+        [sys.executable, "-m", "app.cli", "bench", "--quick", "--workers", "1", "--jpeg-samples", "48",
+         "--sample-size", "64KiB", "--json", str(out_json), "--markdown", str(out_md), "--workloads", "e2e",
+         "--e2e-model", "tiny", "--e2e-batch-size", "8", "--host", "test-host"],
+        capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    e2e = json.loads(out_json.read_text())["test-host"]["e2e"]
+    assert set(e2e["rows"]) == {"synthetic, on the device (the ceiling)", "feedline", "DataLoader + pillow-simd"}
+    for row in e2e["rows"].values():
+        assert row["samples_per_s"] > 0 and 0 <= row["starvation"] <= 1 and row["steps"] == 3
+    assert e2e["rows"]["synthetic, on the device (the ceiling)"]["starvation"] < 0.5
+    assert "### End to end: a tiny training step" in out_md.read_text()
+
+
 def test_rounds_interleave_in_a_rotating_order_after_a_warm_up_and_report_medians_and_ranges():
     from app.bench.rounds import Contender, interleaved, ratio
 

@@ -14,6 +14,9 @@ def _pct(row: dict[str, Any], metric: str = "main_cpu_pct") -> str:
     return f"{row[metric]:.1f} %" + (f" ({lo:.1f}-{hi:.1f})" if hi > lo else "")
 
 
+CEILING = "synthetic, on the device (the ceiling)"  # the e2e row the others are compared with
+
+
 def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
     """The issue's performance targets, checked against this run's ratios."""
     out = []
@@ -88,6 +91,12 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
         out.append({"target": "2 simulated nodes x 2 ranks vs 1 node x 4 ranks, same machine (a row)",
                     "value": f"{two['samples_per_s'] / one['samples_per_s']:.2f}x ({two['samples_per_s']:.0f} vs "
                              f"{one['samples_per_s']:.0f} samples/s)", "met": None})
+    e2e = results.get("e2e", {}).get("rows")
+    if e2e and results["e2e"]["model"] == "resnet50":
+        r = ratio(e2e["feedline"], e2e[CEILING])
+        out.append({"target": "e2e: ResNet-50 step fed by feedline within 5 % of synthetic data on the device",
+                    "value": f"{100 * r[0]:.0f} % ({100 * r[1]:.0f}-{100 * r[2]:.0f}) of the ceiling, starvation "
+                             f"{e2e['feedline'].get('starvation', 0):.2f}", "met": r[0] >= 0.95})
     cc = results.get("cuda_copy")
     if cc and raw:
         row = raw["feedline (copy)"]
@@ -107,6 +116,25 @@ def _scaling(sc: dict[str, Any]) -> dict[int, tuple[float, float, float]]:
     """Per worker count, its share of workers x one core's rate."""
     single = sc["rows"]["1 core, draft"]
     return {w: _share(sc["rows"][f"{w} workers"], single, w) for w in sc["workers"]}
+
+
+def _e2e_lines(e2e: dict[str, Any] | None, gpu: bool) -> list[str]:
+    if not e2e:
+        return []
+    if "rows" not in e2e:
+        return [f"End to end (a ResNet-50 training step): skipped here, {e2e['skipped']}.", ""]
+    rows, how = e2e["rows"], ("bf16, channels-last" if gpu else "float32 on the CPU: a check of the path, not a "
+                                                                 "measurement")
+    lines = [f"### End to end: a {e2e['model']} training step, batch {e2e['batch_size']} ({how})", "",
+             "| fed by | images/s (range) | of the ceiling (range) | starvation | main CPU % |",
+             "|---|---:|---:|---:|---:|"]
+    for name, row in rows.items():
+        lo, hi = row.get("range", {}).get("samples_per_s", (row["samples_per_s"],) * 2)
+        share = ratio(row, rows[CEILING])
+        lines.append(f"| {name} | {row['samples_per_s']:.0f} ({lo:.0f}-{hi:.0f}) | {100 * share[0]:.0f} % "
+                     f"({100 * share[1]:.0f}-{100 * share[2]:.0f}) | {row.get('starvation', 0):.2f} | "
+                     f"{row['main_cpu_pct']:.1f} |")
+    return lines + ["", "Starvation: the share of the wall time the loop waited in `next()` for its batch.", ""]
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
@@ -198,6 +226,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                              f"{row['steps_per_rank']} | {'yes' if row['identical_parameters'] else '**no**'} |")
             lines += ["", "The demo model on the JPEG workload, 1 decode worker a rank, epochs after the first; "
                           "two nodes each run their own sampler over their own partition of the store.", ""]
+        lines += _e2e_lines(r.get("e2e"), "gpu" in m)
         if r.get("cuda_copy"):
             cc = r["cuda_copy"]
             lines += [f"torch's own host-to-device copy here: pinned {cc['pinned_gb_per_s']:.1f} GB/s, "

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-METRICS = ("samples_per_s", "mb_per_s", "main_cpu_pct")
+METRICS = ("samples_per_s", "mb_per_s", "main_cpu_pct", "starvation")
 
 
 @dataclass(frozen=True)

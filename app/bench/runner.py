@@ -23,7 +23,7 @@ from typing import Any
 from ..config import parse_size
 from ..demo.datasets import make_dataset
 from ..preflight import pil_is_simd
-from .report import render_markdown, targets
+from .report import CEILING, render_markdown, targets
 from .rounds import Contender, interleaved
 
 log = logging.getLogger("feedline.bench")
@@ -42,7 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--raw-samples", type=int, default=1024, help="1 MiB samples in the raw workload")
     p.add_argument("--jpeg-samples", type=int, default=4000)
     p.add_argument("--sample-size", default="1MiB")
-    p.add_argument("--workloads", default="raw,jpeg,captioned,scaling,sampler,distributed")
+    p.add_argument("--workloads", default="raw,jpeg,captioned,scaling,sampler,distributed,e2e")
+    p.add_argument("--e2e-model", choices=("resnet50", "tiny"), default="resnet50",
+                   help="e2e: the training step's model (tiny: a CPU check of the path, not a measurement)")
+    p.add_argument("--e2e-steps", type=int, default=50, help="e2e: timed steps per run")
+    p.add_argument("--e2e-batch-size", type=int, default=256)
     p.add_argument("--shm", default="/dev/shm", help="where the shards live during the run")
     p.add_argument("--cache-dir", default=".cache")
     p.add_argument("--json", default="docs/benchmarks.json")
@@ -100,6 +104,11 @@ def _contender(name: str, workload: str, shards: str, args: argparse.Namespace, 
            "--seconds", str(seconds if seconds is not None else args.seconds),
            "--sample-bytes", str(parse_size(args.sample_size)), *extra]
     label = " ".join([name, *extra]) + (" (stock Pillow)" if stock_pillow and pil_is_simd() else "")
+    return _run_json(cmd, env, workload, label)
+
+
+def _run_json(cmd: list[str], env: dict[str, str], workload: str, label: str) -> dict[str, Any]:
+    """Run one contender process; its last stdout line is its JSON result."""
     print(f"  {workload:5s} {label} ...", file=sys.stderr, flush=True)
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
@@ -155,6 +164,9 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             if workload == "scaling":
                 results["scaling"] = _scaling_workload(args, shm_root)
+                continue
+            if workload == "e2e":
+                results["e2e"] = _e2e_workload(args, shm_root)
                 continue
             count = args.raw_samples if workload == "raw" else args.jpeg_samples // (2 if workload == "captioned"
                                                                                      else 1)
@@ -216,6 +228,38 @@ def _scaling_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]
     finally:
         shutil.rmtree(dst)
     return {"cpus": cpus, "workers": counts, "rows": rows}
+
+
+def _e2e_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
+    """A training step fed by synthetic data on the device (the ceiling), feedline and DataLoader (``e2e.py``)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if not cuda and args.e2e_model != "tiny":
+        print("  e2e: skipped (no CUDA device: ResNet-50 on a CPU measures the CPU, not the loader)", file=sys.stderr,
+              flush=True)
+        return {"skipped": "no CUDA device"}
+    src = _dataset("jpeg", args.jpeg_samples, parse_size(args.sample_size), args.cache_dir)
+    dst = os.path.join(shm_root, "e2e")
+    shutil.copytree(src, dst)
+    shards = os.path.join(dst, "*.tar")
+    steps, warm = (3, 1) if args.quick else (args.e2e_steps, 10)
+    size = 224 if args.e2e_model == "resnet50" else 32
+
+    def c(row: str, feed: str, *extra: str) -> Contender:
+        cmd = [sys.executable, "-m", "app.bench.e2e", feed, "--shards", shards, "--model", args.e2e_model,
+               "--workers", str(args.workers), "--batch-size", str(args.e2e_batch_size), "--steps", str(steps),
+               "--warmup", str(warm), "--image-size", str(size), *extra]
+        return Contender(row, lambda t: _run_json(cmd, dict(os.environ), "e2e", " ".join([feed, *extra])))
+
+    rows = [c(CEILING, "synthetic"), c("feedline", "feedline"), c("DataLoader + pillow-simd", "dataloader")]
+    if cuda:  # the compressed bytes in the ring, decoded on the GPU
+        rows.insert(2, c("feedline (GPU decode)", "feedline", "--device-decode"))
+    try:
+        out = interleaved(rows, args.rounds, args.seconds, 0.0 if args.quick else args.warmup)
+    finally:
+        shutil.rmtree(dst)
+    return {"model": args.e2e_model, "batch_size": args.e2e_batch_size, "steps": steps, "rows": out}
 
 
 def _sampler_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
