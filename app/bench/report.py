@@ -226,7 +226,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                              f"{row['steps_per_rank']} | {'yes' if row['identical_parameters'] else '**no**'} |")
             lines += ["", "The demo model on the JPEG workload, 1 decode worker a rank, epochs after the first; "
                           "two nodes each run their own sampler over their own partition of the store.", ""]
-        lines += _e2e_lines(r.get("e2e"), "gpu" in m)
+        lines += _e2e_lines(r.get("e2e"), "gpu" in r["machine"])
         if r.get("cuda_copy"):
             cc = r["cuda_copy"]
             lines += [f"torch's own host-to-device copy here: pinned {cc['pinned_gb_per_s']:.1f} GB/s, "
