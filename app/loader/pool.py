@@ -67,7 +67,7 @@ class WorkerPool:
         position); a previous epoch still in flight is abandoned and its slots return.
 
         ``run`` is the token the batches of this start carry (default: the epoch number); an epoch restarted
-        with another plan needs a new one, and ``restart`` keeps the epoch's failure budget and crash memory.
+        with another plan needs a new one, and ``restart`` keeps the epoch's failure budget.
         A plan for more workers than the pool has grows the pool.
         """
         with self._cv:
@@ -75,8 +75,7 @@ class WorkerPool:
             if plan.workers > self._supervisor.workers:
                 self._supervisor.add(plan.workers)
             self._scheduler.start_epoch(plan.epoch if run is None else run, first, delivered, plan.workers, restart)
-            if not restart:
-                self._supervisor.new_epoch()
+            self._supervisor.new_epoch()  # stream positions that crashed a worker name other samples in a new split
             self._plan = plan
             self._needs_plan = [True] * plan.workers
             self._cv.notify_all()
