@@ -28,7 +28,7 @@ class AutoWorkers:
     def __init__(self, tuner: WorkerTuner, pool: WorkerPool, loop_times: Callable[[], tuple[float, float]],
                  batches: Callable[[], int], regrow: Callable[[int], None], in_epoch: bool = True):
         self.tuner = tuner
-        self._in_epoch = in_epoch  # False under torch.distributed: the ranks agreed on the epoch's batch count
+        self._in_epoch = in_epoch  # False: torch.distributed ranks agreed on the batch count, or in_order=False
         self._pool = pool
         self._loop_times = loop_times
         self._batches = batches
@@ -68,8 +68,8 @@ class AutoWorkers:
         if d.workers > t.workers:
             t.growing_to, self._grow_by = d.workers, now + GROW_WAIT
             self._pool.grow(d.workers)
-            if not self._in_epoch:  # more workers would change this rank's batch count: from the next epoch
-                self.stop("from the next epoch on (the ranks agreed on this epoch's batch count)")
+            if not self._in_epoch:  # a new split would change the agreed batch count, or the replay: next epoch
+                self.stop("from the next epoch on (this epoch goes on as it was split)")
                 return None
             return now + POLL
         if d.final:
