@@ -106,6 +106,10 @@ class Config:
                                        "loader", minimum=0)
     worker_timeout: float = setting(60.0, "seconds a worker may hold a batch without decoding a sample before it "
                                           "is replaced (0: never)", "loader", minimum=0)
+    stall_timeout: float = setting(120.0, "seconds any stage of the loader's hand-off (the dispatcher thread, a "
+                                          "worker's start, a transfer thread, the workers while the loop waits) "
+                                          "may go without answering before the run stops with an error naming it",
+                                   "loader", minimum=0.1)
     side_bytes: int = setting(0, "per-sample bytes for the key, text, JSON and bytes fields (0: 1 KiB with keys "
                                  "only, else 16 KiB)", "loader", parse=parse_size, minimum=0)
     decompress_dir: str = setting("", "where plain copies of .tar.gz/.tar.zst shards= go (default "
@@ -297,7 +301,7 @@ class Config:
             transfer_threads=self.transfer_threads, ring_slots=self.ring_slots or None, shuffle_buffer=self.shuffle_buffer, seed=self.seed,
             drop_last=self.drop_last, in_order=self.in_order, zero_copy=self.zero_copy,
             device=self.resolved_device(), max_sample_errors=self.max_sample_errors,
-            worker_timeout=self.worker_timeout, side_bytes=self.side_bytes or None,
+            worker_timeout=self.worker_timeout, stall_timeout=self.stall_timeout, side_bytes=self.side_bytes or None,
             decompress_dir=self.decompress_dir or None, equal_batches=self.equal_batches,
             min_shards=self.min_shards, wait_timeout=self.wait_timeout,
             rank=Rank.detect(local=True) if self.rank_scope == "local" else None)

@@ -16,18 +16,23 @@ is refused before any worker starts, with the change to make named.
 from __future__ import annotations
 
 import ast
+import faulthandler
 import io
 import json
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
+import time
 import types
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SettingError
+
+STACK_SIGNAL = signal.SIGUSR1  # the trainer asks a worker for its stack with this (a stall, a start that hangs)
 
 
 @dataclass(frozen=True)
@@ -117,37 +122,89 @@ def pickle_config(config: Any) -> tuple[bytes, MainScript | None]:
 
 
 class WorkerProcess:
-    """One worker in a fresh interpreter; the part of ``multiprocessing.Process`` the supervisor uses."""
+    """One worker in a fresh interpreter, started by ``os.posix_spawn``; the part of ``Popen`` the supervisor uses.
 
-    def __init__(self, popen: subprocess.Popen):
-        self._popen = popen
-        self.pid = popen.pid
+    Its pidfd (``sentinel``) says when it exits and signals exactly this process, never a reused pid.
+    """
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self._exitcode: int | None = None
         try:
-            self.sentinel: int | None = os.pidfd_open(popen.pid)
+            self.sentinel: int | None = os.pidfd_open(pid)
         except (AttributeError, OSError):  # no pidfds (old kernel): the pipe's end of file tells instead
             self.sentinel = None
 
     @property
     def exitcode(self) -> int | None:
-        return self._popen.poll()
+        if self._exitcode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored, os.wait()): it is gone all the same
+                self._exitcode = -1
+            else:
+                if pid:
+                    self._exitcode = os.waitstatus_to_exitcode(status)
+        return self._exitcode
 
     def is_alive(self) -> bool:
-        return self._popen.poll() is None
+        return self.exitcode is None
 
     def join(self, timeout: float | None = None) -> None:
-        try:
-            self._popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.exitcode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            if self.sentinel is not None:
+                select.select([self.sentinel], [], [], left)
+            else:
+                time.sleep(0.01 if left is None else min(0.01, left))
 
     def kill(self) -> None:
-        if self._popen.poll() is None:
-            self._popen.kill()
+        if self.exitcode is not None:
+            return
+        try:
+            if self.sentinel is not None:
+                signal.pidfd_send_signal(self.sentinel, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def close(self) -> None:
         if self.sentinel is not None:
             os.close(self.sentinel)
             self.sentinel = None
+
+
+def spawn(argv: list[str], fds: list[int]) -> int:
+    """Start ``argv`` with exactly ``fds`` (at their numbers) besides stdout and stderr; stdin is /dev/null.
+
+    ``subprocess.Popen`` cannot be used here: it waits on an error pipe until the child has exec'd, and a
+    process that another thread forks in that moment (a DataLoader worker, any library's pool) inherits
+    the pipe's write end and holds it open for its life: the start, and the loader, then wait for ever.
+    glibc's ``posix_spawn`` reports a failed exec through memory the child shares until it execs
+    (``CLONE_VFORK``), with no descriptor another fork could inherit (musl's waits on a pipe, as Popen does:
+    the image and the supported hosts are glibc). A ``dup2`` of a descriptor onto
+    itself clears its close-on-exec flag, so only the descriptors named here reach the worker.
+    """
+    actions: list[tuple[Any, ...]] = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)]
+    actions += [(os.POSIX_SPAWN_DUP2, fd, fd) for fd in fds]
+    return os.posix_spawn(argv[0], argv, os.environ, file_actions=actions, setsigmask=(),
+                          setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+
+
+def _close_inherited(keep: set[int]) -> None:
+    """Close every descriptor a worker inherited but was not given (posix_spawn, unlike close_fds, keeps
+    the trainer's inheritable ones)."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:  # the listing's own descriptor, already closed
+                pass
 
 
 def _die_with_parent(trainer: int) -> None:
@@ -166,6 +223,9 @@ def child(header: dict[str, Any]) -> None:
     """The worker's entry point: import the script if needed, load the user's code, serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     _die_with_parent(header["trainer"])
+    _close_inherited({0, 1, 2, header["conn"], header["stack"], header["code_fd"], *header["shared"]})
+    # armed before the user's code loads: a start that hangs there shows its stack too
+    faulthandler.register(STACK_SIGNAL, file=header["stack"], all_threads=True)
     from multiprocessing.connection import Connection
 
     from .messages import encode_fatal
@@ -245,16 +305,15 @@ class Launcher:
         stack_r, stack_w = os.pipe()
         os.set_blocking(stack_r, False)
         header = {"worker_id": worker_id, "conn": child_end.fileno(), "stack": stack_w, "code_fd": self._fd,
-                  "code_size": len(self.payload), "setup": setup, "trainer": os.getpid(),
+                  "code_size": len(self.payload), "setup": setup, "trainer": os.getpid(), "shared": shared_fds,
                   "main_path": self.script.path if self.script else None,
                   "main_module": self.script.module if self.script else None}
         entry = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
                  "from app.loader.launch import child; child(json.loads(sys.argv[2]))")
-        cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", entry, json.dumps(sys.path),
-               json.dumps(header)]
+        argv = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", entry, json.dumps(sys.path),
+                json.dumps(header)]
         try:
-            popen = subprocess.Popen(cmd, pass_fds=[child_end.fileno(), stack_w, self._fd, *shared_fds],
-                                     close_fds=True, stdin=subprocess.DEVNULL)
+            pid = spawn(argv, [child_end.fileno(), stack_w, self._fd, *shared_fds])
         except BaseException:
             parent.close()
             os.close(stack_r)
@@ -262,7 +321,7 @@ class Launcher:
         finally:
             child_end.close()
             os.close(stack_w)
-        return WorkerProcess(popen), parent, stack_r
+        return WorkerProcess(pid), parent, stack_r
 
     def close(self) -> None:
         if self._fd >= 0:

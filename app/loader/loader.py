@@ -26,7 +26,7 @@ from .autotune import AUTO
 from .auto import AutoWorkers
 from .coordinate import RankCoordinator
 from .device_decode import DeviceDecoder, compressed_spec, worker_decode
-from .errors import LoaderError
+from .errors import ErrorBudget, LoaderError
 from .iterator import EpochIterator
 from .kept import KeptBatches
 from .launch import Launcher
@@ -42,7 +42,6 @@ from .settings import DeviceDecode, LoaderSettings, unknown_argument
 from .sources import PathSource, ShardSource
 from .spec import Spec
 from .stats import LoaderStats, StatsRecorder
-from .supervisor import ErrorBudget
 from .transfer import DeviceQueue, DirectHandOff, TransferStage, pin_ring
 from .tuner import WorkerTuner
 from .worker import WorkerCode, WorkerSetup
@@ -83,6 +82,7 @@ class StagingLoader:
         in_order: bool = True,
         max_sample_errors: float = 0.05,
         worker_timeout: float = 60.0,
+        stall_timeout: float = 120.0,
         side_bytes: int | None = None,
         decompress_dir: str | None = None,
         equal_batches: str = "drop",
@@ -99,13 +99,12 @@ class StagingLoader:
             raise TypeError(unknown_argument(next(iter(unknown))))
         self.settings = s = LoaderSettings(
             batch_size=batch_size, workers=workers, max_workers=max_workers, transfer_threads=transfer_threads,
-            ring_slots=ring_slots,
-            device_queue=device_queue, device=str(device), zero_copy=zero_copy, in_order=in_order, shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer, seed=seed, drop_last=drop_last, max_sample_errors=max_sample_errors,
-            worker_timeout=worker_timeout, side_bytes=side_bytes, decompress_dir=decompress_dir,
-            equal_batches=equal_batches, start_method=start_method, rank=rank,
-            starvation_window=starvation_window, min_shards=min_shards, wait_timeout=wait_timeout,
-            device_decode=device_decode)
+            ring_slots=ring_slots, device_queue=device_queue, device=str(device), zero_copy=zero_copy,
+            in_order=in_order, shuffle=shuffle, shuffle_buffer=shuffle_buffer, seed=seed, drop_last=drop_last,
+            max_sample_errors=max_sample_errors, worker_timeout=worker_timeout, stall_timeout=stall_timeout,
+            side_bytes=side_bytes, decompress_dir=decompress_dir, equal_batches=equal_batches,
+            start_method=start_method, rank=rank, starvation_window=starvation_window, min_shards=min_shards,
+            wait_timeout=wait_timeout, device_decode=device_decode)
         self.device = torch.device(s.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise SettingError("device", f"{s.device!r} but CUDA is not available here; use device='cpu'")
@@ -165,7 +164,8 @@ class StagingLoader:
             stats, slots = self._stats, s.slots
             p.pool = WorkerPool(p.ring, p.launcher, setup.to_json(), s.workers, stats,
                                 ErrorBudget(s.max_sample_errors), in_order=s.in_order,
-                                worker_timeout=s.worker_timeout, on_tick=lambda: p.tick(stats, slots))
+                                worker_timeout=s.worker_timeout, stall_timeout=s.stall_timeout,
+                                on_tick=lambda: p.tick(stats, slots))
             if s.device_decode is not None:  # rows it cannot decode count against the failure budget
                 p.decoder = DeviceDecoder(s.device_decode, self.device, s.seed, p.pool.samples_dropped)
             if tuner is not None:

@@ -117,6 +117,7 @@ class LoaderSettings:
     drop_last: bool = False
     max_sample_errors: float = 0.05
     worker_timeout: float = 60.0
+    stall_timeout: float = 120.0  # the bound of every wait in the hand-off (pool.py, watchdog.py)
     side_bytes: int | None = None
     decompress_dir: str | None = None
     equal_batches: str = "drop"
@@ -151,6 +152,10 @@ class LoaderSettings:
                                                  f"start)")
         set_(self, "max_sample_errors", _number("max_sample_errors", self.max_sample_errors, 0.0))
         set_(self, "worker_timeout", _number("worker_timeout", self.worker_timeout, 0.0))
+        set_(self, "stall_timeout", _number("stall_timeout", self.stall_timeout, 0.0))
+        if self.stall_timeout <= 0:
+            raise SettingError("stall_timeout", f"must be a number of seconds > 0 (every wait in the loader's "
+                                                f"hand-off has a bound; the default is 120), got {self.stall_timeout!r}")
         set_(self, "starvation_window", _number("starvation_window", self.starvation_window, 0.001))
         set_(self, "wait_timeout", _number("wait_timeout", self.wait_timeout, 0.0))
         if self.equal_batches not in EQUAL_BATCHES:

@@ -5,7 +5,8 @@ A worker that dies (killed, a segfaulting decoder) or makes no progress for
 network filesystem) is replaced; the replacement resumes its stream after the
 last batch the worker delivered, so nothing is lost or repeated. A sample in
 hand at two deaths or stalls of the same worker is skipped next time and
-counted. A worker that keeps dying without delivering is a ``LoaderError``.
+counted. A worker that keeps dying without delivering is a ``LoaderError``, and
+so is one that has not finished starting within ``stall_timeout`` (the pool asks).
 
 Only the pool's dispatcher thread calls it, except ``send()`` and ``wake()``.
 Messages to a worker never block the sender: each worker has an outbox, flushed as its pipe
@@ -27,32 +28,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import LoaderError
-from .launch import Launcher, WorkerProcess
+from .launch import STACK_SIGNAL, Launcher, WorkerProcess
 from .messages import READY, STOP
 from .ring import BatchRing
-from .worker import STACK_SIGNAL
+from .watchdog import Heartbeat
 
 log = logging.getLogger("feedline.loader")
 
 MAX_RESTARTS_WITHOUT_PROGRESS = 3
 STACK_WAIT = 1.0  # seconds a stalled worker gets to write its stack before it is killed
-START_TIMEOUT = 120.0  # seconds a new worker may take to start (spawn, imports) before it counts as stalled
 STOP_WAIT = 2.0  # seconds the workers get, together, to exit after STOP before they are killed
 _HEADER = struct.Struct("!i")  # a message's length, as multiprocessing's Connection frames it
 _RECV_BYTES = 1 << 16
-
-
-@dataclass
-class ErrorBudget:
-    """``limit`` >= 1 is a count of bad samples per epoch; below 1 it is a fraction of samples seen."""
-
-    limit: float
-
-    def exceeded(self, errors: int, samples: int, final: bool) -> bool:
-        if self.limit >= 1:
-            return errors > self.limit
-        seen = errors + samples
-        return (final or seen >= 100) and seen > 0 and errors / seen > self.limit
 
 
 @dataclass(frozen=True)
@@ -76,21 +63,24 @@ class _Proc:
     outbox: bytearray = field(default_factory=bytearray)
     inbox: bytearray = field(default_factory=bytearray)  # bytes read that do not make a whole message yet
     stack_r: int = -1
-    started: bool = False  # it said READY: imports done, stack dumps armed
+    started: bool = False  # it said READY: imports done, the user's code loaded
     seen: InHand | None = None
     progress_at: float = 0.0
     restarts_without_progress: int = 0
     last_crash_pos: int = -1
     poison: set[int] = field(default_factory=set)
     ever_started: bool = False  # a process was started in this place (False: added, not yet started)
+    spawned_at: float = 0.0
 
 
 class Supervisor:
     """Owns W worker processes and their pipes."""
 
     def __init__(self, ring: BatchRing, launcher: Launcher, setup: dict[str, Any], workers: int,
-                 worker_timeout: float, on_restart: Callable[[str], None]):
+                 worker_timeout: float, on_restart: Callable[[str], None], beat: Heartbeat | None = None):
         self._ring = ring
+        self._beat = beat or Heartbeat("the supervisor")  # says what the dispatcher does when it may block
+        self.last_progress = time.monotonic()  # a message from a worker, or a change in the status table
         self._launcher = launcher
         self._setup = setup
         self.worker_timeout = worker_timeout
@@ -181,6 +171,7 @@ class Supervisor:
             return False
         if not data:
             return False
+        self.last_progress = time.monotonic()
         buf = p.inbox
         buf += data
         pos, end = 0, len(buf)
@@ -247,9 +238,8 @@ class Supervisor:
         return self._ring.key_in_hand(worker)
 
     def stalled(self, busy: Callable[[int], bool]) -> list[int]:
-        """Workers that hold a slot and changed nothing in the status table for ``worker_timeout`` seconds."""
-        if self.worker_timeout <= 0:
-            return []
+        """Workers that hold a slot and changed nothing in the status table for ``worker_timeout`` seconds
+        (one still starting is ``late_starts``'s); any change counts as progress (``last_progress``)."""
         now = time.monotonic()
         out = []
         for p in self._procs:
@@ -258,16 +248,30 @@ class Supervisor:
                 continue
             seen = self.in_hand(p.index)
             if seen != p.seen:
+                if p.seen is not None:
+                    self.last_progress = now
                 p.seen, p.progress_at = seen, now
-            elif now - p.progress_at > (self.worker_timeout if p.started else max(self.worker_timeout,
-                                                                                  START_TIMEOUT)):
+            elif self.worker_timeout > 0 and p.started and now - p.progress_at > self.worker_timeout:
                 out.append(p.index)
         return out
 
+    def shift_clocks(self, gap: float) -> None:
+        """Move every deadline ``gap`` seconds later: the process was stopped that long (Ctrl-Z, a debugger)."""
+        self.last_progress += gap
+        for p in self._procs:
+            p.spawned_at += gap
+            p.progress_at += gap
+
+    def late_starts(self, bound: float, needed: int) -> list[int]:
+        """Workers among the first ``needed`` started over ``bound`` seconds ago that have not said READY."""
+        now = time.monotonic()
+        return [p.index for p in self._procs[:needed]
+                if p.process is not None and not p.started and now - p.spawned_at > bound]
+
     def stack_of(self, worker: int) -> str:
-        """Every thread's Python stack of a (stalled) worker, written by its faulthandler."""
+        """Every thread's Python stack of a (stalled, or late to start) worker, written by its faulthandler."""
         p = self._procs[worker]
-        if p.process is None or not p.process.is_alive() or not p.started:
+        if p.process is None or not p.process.is_alive():
             return ""
         try:
             os.kill(p.process.pid, STACK_SIGNAL)
@@ -325,12 +329,15 @@ class Supervisor:
 
     def _spawn(self, p: _Proc) -> None:
         self._ring.status[p.index] = (-1, -1, -1, -1)
+        self._beat.beat(f"starting worker {p.index}")
         proc, conn, stack_r = self._launcher.start(p.index, self._setup, [self._ring.memory.fd])
+        self._beat.beat()
         p.process, p.conn, p.stack_r = proc, conn, stack_r
         p.sock = socket.socket(fileno=os.dup(conn.fileno()))
         p.outbox.clear()
         p.inbox.clear()
         p.started, p.seen, p.progress_at, p.ever_started = False, None, time.monotonic(), True
+        p.spawned_at = p.progress_at
         self._selector.register(conn, selectors.EVENT_READ, ("conn", p))
         if proc.sentinel is not None:
             self._selector.register(proc.sentinel, selectors.EVENT_READ, ("dead", p))
@@ -353,10 +360,21 @@ class Supervisor:
             os.close(stack_r)
         if proc is None:
             return None
+        self._beat.beat(f"stopping worker {p.index}")
         proc.kill()
         proc.join(timeout=2.0)
         proc.close()
+        self._beat.beat()
         return proc.exitcode
+
+    def kill_all(self) -> None:
+        """Kill and reap every worker from another thread, when the dispatcher is stuck (it closes the rest
+        if it ever comes back)."""
+        for p in list(self._procs):
+            proc = p.process
+            if proc is not None:
+                proc.kill()
+                proc.join(timeout=1.0)
 
     def pids(self) -> list[int | None]:
         return [p.process.pid if p.process is not None else None for p in self._procs]

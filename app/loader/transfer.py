@@ -6,13 +6,16 @@ CPU-only host no thread is needed: the loop gets tensors viewing the slot
 (DirectHandOff), freed at its next ``next()`` with ``zero_copy``, else once
 nothing references them (``kept.py``).
 The device queue is bounded by a window of sequence numbers, so it stays
-ordered and can never deadlock.
+ordered and can never deadlock. Each transfer thread keeps a heartbeat while
+it holds a batch; the loop's wait on the queue reads them (``watch``), so a
+copy or a decode that never completes ends in a ``LoaderError`` naming it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +31,7 @@ from .pool import WorkerPool
 from .ring import BatchRing, RingLayout
 from .scheduler import EpochEnd, ReadyBatch
 from .stats import StatsRecorder
+from .watchdog import Heartbeat
 
 log = logging.getLogger("feedline.loader")
 
@@ -58,6 +62,11 @@ class DeviceQueue:
         self._end: int | None = None
         self._error: BaseException | None = None
         self._closed = False
+        self._watch: Callable[[], None] | None = None
+
+    def watch(self, check: Callable[[], None]) -> None:
+        """Called while the loop waits in ``get``; raises when a stage behind the queue stopped answering."""
+        self._watch = check
 
     def start_epoch(self, epoch: int) -> None:
         with self._cv:
@@ -110,6 +119,12 @@ class DeviceQueue:
                 if self._end is not None and self._next >= self._end:
                     return None
                 self._cv.wait(0.5)  # bounded, so Ctrl-C is seen promptly
+                if self._watch is not None:
+                    try:
+                        self._watch()
+                    except LoaderError as exc:
+                        self._error = exc  # every later get() raises it too, without another look
+                        raise
 
     def depth(self) -> int:
         with self._cv:
@@ -196,11 +211,23 @@ class TransferStage:
         self._stats = stats
         self._device = device
         self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, name=f"feedline-transfer-{i}", daemon=True) for i in range(threads)
-        ]
-        for t in self._threads:
+        self._beats = [Heartbeat(f"transfer thread {i}") for i in range(threads)]
+        self._threads = [threading.Thread(target=self._run, args=(beat,), name=f"feedline-transfer-{i}", daemon=True)
+                         for i, beat in enumerate(self._beats)]
+        for t, beat in zip(self._threads, self._beats):
+            beat.thread = t
             t.start()
+        queue.watch(self.check)  # the loop's wait on the queue reads these threads' heartbeats
+
+    def check(self) -> None:
+        """Raise for a thread that has held one batch for ``stall_timeout`` (a copy or a decode that never ends),
+        or for a dispatcher that stopped answering (the loop calls this while it waits)."""
+        bound = self._pool.stall_timeout
+        for beat in self._beats:
+            exc = beat.stalled(bound) if beat.busy else None
+            if exc is not None:
+                raise exc
+        self._pool.check_dispatcher()
 
     def stop(self) -> None:
         """Ask the threads to finish their current batch and exit (``close`` waits for them)."""
@@ -211,11 +238,12 @@ class TransferStage:
         for t in self._threads:
             t.join(timeout=5.0)
 
-    def _run(self) -> None:
+    def _run(self, beat: Heartbeat) -> None:
         stream = torch.cuda.Stream(self._device)
         finished = -1
         try:
             while not self._stop.is_set():
+                beat.beat()
                 item = self._pool.take()
                 if item is None:
                     continue
@@ -224,14 +252,16 @@ class TransferStage:
                     finished = item.epoch
                     self._pool.wait_epoch_change(finished)
                     continue
-                self._move(item, stream)
+                self._move(item, stream, beat)
         except BaseException as exc:
             if not self._stop.is_set():
                 if not isinstance(exc, LoaderError):
                     log.exception("a transfer thread failed")
                 self._queue.fail(exc)
 
-    def _move(self, item: ReadyBatch, stream: Any) -> None:
+    def _move(self, item: ReadyBatch, stream: Any, beat: Heartbeat) -> None:
+        what = f"batch {item.seq} of worker {item.worker}"
+        beat.beat(f"copying {what} to {self._device}" + (" (decoding its images)" if self._decoder else ""), True)
         views, extra, nbytes = read_slot(self._ring.slot(item.slot), self._ring.layout, item.samples)
         # blocking=True: the thread sleeps in synchronize() instead of spinning a core
         start = torch.cuda.Event(enable_timing=True)
@@ -242,7 +272,10 @@ class TransferStage:
                 views, extra = self._decoder.apply(views, extra, (item.worker, item.batch))
             tensors = {k: v.to(self._device, non_blocking=True) for k, v in views.items()}
             done.record(stream)
+        beat.beat(f"handing {what} to the loop")  # waits as long as the loop keeps the queue full: not a stall
         self._queue.put(DeviceBatch(item.epoch, item.seq, tensors, extra, origin(item), event=done))
+        beat.beat(f"waiting for the copy of {what} to land", True)
         done.synchronize()  # blocks this thread only; the slot is reusable once the copy landed
+        beat.beat()
         self._pool.release(item.slot)
         self._stats.transferred(nbytes, start.elapsed_time(done) / 1000.0)

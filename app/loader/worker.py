@@ -15,7 +15,6 @@ import hashlib
 import logging
 import os
 import random
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +38,7 @@ from .messages import (
     decode_fill,
     encode_fatal,
 )
+from .launch import STACK_SIGNAL
 from .plan import WorkerPlan
 from .ring import IDLE, OPENING, SKIPPING, STATUS_KEY_BYTES, BatchRing, RingHandle
 from .sample import FieldSelection, load_sample
@@ -49,9 +49,6 @@ from .stream import SampleRef, ShardProblem, open_ahead, sample_stream
 log = logging.getLogger("feedline.worker")
 _REASON = {r: i for i, r in enumerate(ERROR_REASONS)}
 _LOG_FIRST = 5  # per reason and epoch; the counters carry the rest
-
-
-STACK_SIGNAL = signal.SIGUSR1  # the trainer asks a stalled worker for its stack with this
 
 
 @dataclass(frozen=True)
@@ -250,8 +247,8 @@ class Worker:
 
 
 def worker_main(args: WorkerArgs) -> None:
-    """Serve fill commands until STOP or the trainer goes (``launch.child`` set up the process)."""
-    faulthandler.register(STACK_SIGNAL, file=args.stack_fd, all_threads=True)
+    """Serve fill commands until STOP or the trainer goes (``launch.child`` set up the process and its
+    stack dumps)."""
     logging.basicConfig(
         level=args.setup.log_level, stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s feedline.worker[{args.worker_id}] %(message)s",
