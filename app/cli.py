@@ -8,6 +8,7 @@ refused setting into one ``configuration error:`` line (exit code 2).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from rich.table import Table
 from .config import Config, ConfigError, parse_size
 from .errors import SettingError
 from .metrics.exporter import MetricsPortError
+from .stopping import StopSignal, Stopped
 
 log = logging.getLogger("feedline")
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
@@ -42,18 +44,18 @@ def _setup_logging(level: str) -> None:
 
 # -- train --------------------------------------------------------------------------------------
 
-def _epoch_samples(loader: Any) -> int | None:
-    """Samples this rank sees in the current epoch, from the shard indexes (for the progress bar)."""
-    from .formats.shard_index import ShardError, load_index
-
-    try:
-        total = sum(len(load_index(p).samples) for p in loader.epoch_shards)
-    except ShardError:
-        return None
-    return total // loader.rank.world_size
-
-
 def cmd_train(args: argparse.Namespace) -> int:
+    stop = StopSignal()  # first: a SIGTERM at any moment from here on ends in exit 0 (stopping.py)
+    try:
+        return _train(args, stop)
+    except Stopped:
+        log.warning("stopped during start-up (SIGTERM): nothing trained yet, nothing to save")
+        return 0
+    finally:
+        stop.close()
+
+
+def _train(args: argparse.Namespace, stop: StopSignal) -> int:
     cfg = Config.load(args)
     from .distributed import Job, process_group
 
@@ -64,9 +66,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                           "(--cache / FEEDLINE_CACHE)")
     import torch
 
-    from .train import build_loader, train
+    from .train import build_loader, epoch_samples, print_summary, train
 
-    with process_group(job, torch.device(cfg.resolved_device()), cfg.dist_timeout), build_loader(cfg, job) as loader:
+    with contextlib.ExitStack() as stack:
+        with stop.starting():  # a SIGTERM from here until the loader is up ends the start-up
+            stack.enter_context(process_group(job, torch.device(cfg.resolved_device()), cfg.dist_timeout))
+            loader = stack.enter_context(build_loader(cfg, job))
         progress = Progress(TextColumn("[bold]epoch {task.fields[epoch]}[/bold] {task.fields[shards]} shards"),
                             BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[rate]:>8.0f} samples/s  wait {task.fields[wait]:>4.0%}  "
@@ -76,7 +81,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         tasks: dict[int, Any] = {}
 
         def on_epoch_start(epoch: int) -> None:
-            total = _epoch_samples(loader) if cfg.progress else None
+            total = epoch_samples(loader) if cfg.progress else None
             tasks[epoch] = progress.add_task("", total=total, epoch=epoch, rate=0.0, wait=0.0, q="-",
                                              shards=len(loader.epoch_shards))
 
@@ -89,13 +94,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             progress.update(tasks[es.epoch], **fields)
 
         summary = None
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # Kubernetes' eviction: finish the step, save, exit 0
         trace_path = f"{args.trace_keys}.rank{job.rank}" if args.trace_keys and job.distributed else args.trace_keys
         trace = open(trace_path, "a", buffering=1) if trace_path else None  # line by line: an audit
         try:
             with progress:
-                summary = train(cfg, loader, on_step=on_step, on_epoch_start=on_epoch_start, stop=stop,
+                summary = train(cfg, loader, on_step=on_step, on_epoch_start=on_epoch_start, stop=stop.event,
                                 trace_keys=trace, job=job)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted; shutting down the loader[/yellow]")
@@ -104,7 +107,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             if trace is not None:
                 trace.close()
         if job.leader:
-            _print_summary(summary, loader)
+            print_summary(console, summary, loader)
     if args.summary_json and job.leader:
         with open(args.summary_json, "w") as f:
             json.dump(summary.to_json(), f, indent=2)
@@ -118,30 +121,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     run(cfg, args.command_words)  # never returns: the process is the command now
     return 0
-
-
-def _print_summary(summary: Any, loader: Any) -> None:
-    table = Table(title=f"feedline train — {summary.device}, {loader.workers} workers, "
-                        f"batch {loader.batch_size}, ring {loader.ring_slots} slots")
-    for col in ("epoch", "shards", "shard MB", "samples", "seconds", "samples/s", "MB/s", "data wait s",
-                "starvation", "queues free/decoded/device (mean)", "loss"):
-        table.add_column(col, justify="right")
-    for e in summary.epochs:
-        d = e.mean_depth()
-        table.add_row(str(e.epoch), str(e.shards), f"{e.shard_bytes / 1e6:.0f}", str(e.samples), f"{e.seconds:.1f}",
-                      f"{e.samples_per_s:.0f}",
-                      f"{e.mb_per_s:.1f}", f"{e.data_wait_seconds:.2f}", f"{e.starvation:.2f}",
-                      f"{d['free']:.1f}/{d['decoded']:.1f}/{d['device']:.1f}", f"{e.loss:.3f}")
-    console.print(table)
-    f = summary.final
-    errors = {k: v for k, v in f.sample_errors_total.items() if v}
-    console.print(
-        f"total: {f.samples_total} samples, {f.bytes_total['decoded'] / 1e6:.0f} MB decoded, "
-        f"data wait {f.data_wait_seconds_total:.2f} s, step {f.step_seconds_total:.2f} s, "
-        f"starvation (last {loader.starvation_window:.0f} s) {f.gpu_starvation_ratio:.2f}, "
-        f"queue capacity {f.queue_capacity}, sample errors {errors or 'none'}, "
-        f"worker restarts {f.worker_restarts_total}"
-    )
 
 
 # -- data ---------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ appear (fast steps, the loader is the bottleneck) and disappear (slow steps).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -15,13 +16,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 import torch
+from rich.console import Console
+from rich.table import Table
 from torch import nn
 
 from .api import StagingLoader
-from .checkpoint import CheckpointDir
+from .checkpoint import CheckpointDir, random_states, restore_random_states
 from .config import Config
 from .distributed import Job, anyone, barrier, gather_json
 from .formats.transforms import RandomResizedCrop
+from .loader.resume import RANKS_FORMAT
 from .loader.settings import DeviceDecode
 from .loader.stats import LoaderStats
 
@@ -29,14 +33,15 @@ log = logging.getLogger("feedline.train")
 
 
 class DemoNet(nn.Module):
-    """A small convolutional classifier: enough compute to be a real step, small enough for 2 cores."""
+    """A small convolutional classifier: enough compute to be a real step, small enough for 2 cores; its dropout
+    draws from torch's generator, as real models do, so a resume must restore that too."""
 
     def __init__(self, classes: int):
         super().__init__()
         self.body = nn.Sequential(
             nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
             nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.1), nn.Linear(32, classes),
         )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -140,9 +145,9 @@ def train(cfg: Config, loader: StagingLoader,
     """Train the demo model for ``cfg.epochs`` epochs; ``on_step`` drives a progress display.
 
     Under torchrun (``job.distributed``) the model is wrapped in DistributedDataParallel and every rank
-    stops at the same step. With ``cfg.checkpoint`` it saves model, optimizer and every rank's loader state
-    every ``cfg.checkpoint_every`` steps, when ``stop`` is set (SIGTERM: the current step is finished first)
-    and at the end; with ``cfg.resume`` it starts from the newest complete checkpoint there.
+    stops at the same step. With ``cfg.checkpoint`` it saves model, optimizer, every rank's loader state and
+    random generators every ``cfg.checkpoint_every`` steps, when ``stop`` is set (SIGTERM: the current step is
+    finished first) and at the end; with ``cfg.resume`` it starts from the newest complete checkpoint there.
     ``trace_keys`` gets the key of every sample this rank trained.
     """
     device = loader.device
@@ -163,26 +168,33 @@ def train(cfg: Config, loader: StagingLoader,
         step = _resume(checkpoints, net, opt, loader, job)
 
     def save() -> None:
-        states = gather_json(job, loader.state_dict())  # every rank takes part; rank 0 writes
+        state = loader.state_dict()  # every rank takes part (under DDP it gathers every rank's); rank 0 writes
+        states = [state] if state.get("format") == RANKS_FORMAT else gather_json(job, state)
+        randoms = gather_json(job, random_states())
         if checkpoints is not None and job.leader:
             if trace_keys is not None:
                 trace_keys.flush()
             checkpoints.save(step, net.state_dict(), opt.state_dict(), {"ranks": states},
-                             {"epoch": loader.epoch, "epochs": cfg.epochs, "world": job.world})
+                             {"epoch": loader.epoch, "epochs": cfg.epochs, "world": job.world}, randoms)
         barrier(job)
 
     for epoch in range(loader.next_epoch, cfg.epochs):
+        if anyone(job, stop is not None and stop.is_set()):  # a SIGTERM before the epoch's first step
+            log.info("stopping at step %d (SIGTERM), before epoch %d", step, epoch)
+            summary.interrupted = True
+            break
         loader.set_epoch(epoch)
         before = loader.stats()
         es = EpochSummary(epoch)
         summary.epochs.append(es)
         it = iter(loader)
+        first = next(it, None)  # the epoch starts at its first batch: its shards are known from here
         if on_epoch_start is not None:
             on_epoch_start(epoch)
         es.shards = len(loader.epoch_shards)
         es.shard_bytes = sum(os.path.getsize(p) for p in loader.epoch_shards if os.path.exists(p))
         stopping = False
-        for batch in it:
+        for batch in itertools.chain([] if first is None else [first], it):
             t0 = time.perf_counter()
             images, labels = batch["jpg"], batch["cls"] % cfg.classes
             loss = loss_fn(model(images), labels)
@@ -244,8 +256,11 @@ def _resume(checkpoints: CheckpointDir, net: nn.Module, opt: torch.optim.Optimiz
         return 0
     net.load_state_dict(found.model)
     opt.load_state_dict(found.optimizer)
+    restore_random_states(found.randoms, job.rank, job.world)
     states = found.loader["ranks"]
-    if len(states) == job.world:
+    if states and states[0].get("format") == RANKS_FORMAT:  # every rank's state in one: it picks this rank's
+        loader.load_state_dict(states[0])
+    elif len(states) == job.world:
         loader.load_state_dict(states[job.rank])
     else:  # another world size than the checkpoint's: every rank replays all the saved states
         log.info("the checkpoint has %d rank(s), this job %d: resuming the loader elastically", len(states),
@@ -266,3 +281,39 @@ def _across_ranks(es: EpochSummary, job: Job) -> None:
     es.decoded_bytes = int(sum(r[1] for r in rows))
     es.seconds = max(r[2] for r in rows)
     es.data_wait_seconds, es.step_seconds = worst[3], worst[4]
+
+
+def epoch_samples(loader: StagingLoader) -> int | None:
+    """Samples this rank sees in the current epoch, from the shard indexes (for the progress bar)."""
+    from .formats.shard_index import ShardError, load_index
+
+    try:
+        total = sum(len(load_index(p).samples) for p in loader.epoch_shards)
+    except ShardError:
+        return None
+    return total // loader.rank.world_size
+
+
+def print_summary(console: Console, summary: TrainSummary, loader: StagingLoader) -> None:
+    """The run's table, one row an epoch, and the loader's totals."""
+    table = Table(title=f"feedline train — {summary.device}, {loader.workers} workers, "
+                        f"batch {loader.batch_size}, ring {loader.ring_slots} slots")
+    for col in ("epoch", "shards", "shard MB", "samples", "seconds", "samples/s", "MB/s", "data wait s",
+                "starvation", "queues free/decoded/device (mean)", "loss"):
+        table.add_column(col, justify="right")
+    for e in summary.epochs:
+        d = e.mean_depth()
+        table.add_row(str(e.epoch), str(e.shards), f"{e.shard_bytes / 1e6:.0f}", str(e.samples), f"{e.seconds:.1f}",
+                      f"{e.samples_per_s:.0f}",
+                      f"{e.mb_per_s:.1f}", f"{e.data_wait_seconds:.2f}", f"{e.starvation:.2f}",
+                      f"{d['free']:.1f}/{d['decoded']:.1f}/{d['device']:.1f}", f"{e.loss:.3f}")
+    console.print(table)
+    f = summary.final
+    errors = {k: v for k, v in f.sample_errors_total.items() if v}
+    console.print(
+        f"total: {f.samples_total} samples, {f.bytes_total['decoded'] / 1e6:.0f} MB decoded, "
+        f"data wait {f.data_wait_seconds_total:.2f} s, step {f.step_seconds_total:.2f} s, "
+        f"starvation (last {loader.starvation_window:.0f} s) {f.gpu_starvation_ratio:.2f}, "
+        f"queue capacity {f.queue_capacity}, sample errors {errors or 'none'}, "
+        f"worker restarts {f.worker_restarts_total}"
+    )

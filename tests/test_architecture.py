@@ -20,7 +20,7 @@ ALLOWED = {
     "sampler": {"sampler", "formats", "cache"} | BASE,
     "metrics": {"metrics", "loader", "sampler", "cache", "formats", "app"} | BASE,
 }
-FACE = {"app", "api", "config", "cli", "train", "run", "checkpoint", "distributed", "demo", "bench"}  # may import anything
+FACE = {"app", "api", "config", "cli", "train", "run", "checkpoint", "stopping", "distributed", "demo", "bench"}  # may import anything
 LONG_FILE = 400
 
 

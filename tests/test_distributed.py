@@ -84,31 +84,74 @@ def test_equal_batches_gives_every_rank_the_largest_or_the_smallest_count(tmp_pa
     assert json.loads(summary.read_text())["steps_per_rank"] == [pick(counts)] * 2
 
 
-PEEK = textwrap.dedent("""
-    import sys
+EPOCHS = textwrap.dedent("""
+    import json, sys
+    import torch
     import torch.distributed as dist
     from app import StagingLoader
+    mode = sys.argv[2]
     dist.init_process_group("gloo")
+    rank = dist.get_rank()
     try:
         with StagingLoader(sys.argv[1], batch_size=4, workers=1, spec={"cls": "int64"}) as loader:
-            for epoch in range(2):
-                loader.set_epoch(epoch)
-                if dist.get_rank() == 0 and epoch == 0:
-                    next(iter(loader))  # a peek at a batch: an extra iter() on this rank only
+            if mode == "disagree":
+                loader.set_epoch(3 if rank == 0 else 0)
+            epochs = []
+            for epoch in range(3):
+                if mode == "extra" and rank == 0:
+                    iter(loader)  # an iterator never read, on one rank
+                if mode == "peek":
+                    loader.set_epoch(epoch)
+                    if rank == 0:
+                        next(iter(loader))  # a look at a batch before the loop, on one rank
+                keys = []
                 for batch in loader:
-                    pass
+                    keys += batch["__key__"]
+                    dist.all_reduce(torch.ones(1))  # what a DDP step does: a collective every rank must join
+                epochs.append(keys)
+            # one write per rank: both ranks share torchrun's (unbuffered) stdout
+            sys.stdout.write("RESULT " + json.dumps({"epochs": epochs, "last": loader.epoch}) + "\\n")
     finally:
         dist.destroy_process_group()
 """)
 
 
-def test_a_rank_that_iterates_out_of_step_gets_a_clear_error_not_overlapping_data(tmp_path):
+def _epochs_run(tmp_path, mode, scope="global"):
     data = jpeg_shards(str(tmp_path / "data"), [8, 8, 8, 8])
-    script = tmp_path / "peek.py"
-    script.write_text(PEEK)
-    run = torchrun(str(script), data, env={"PYTHONPATH": ROOT})
+    script = tmp_path / "epochs.py"
+    script.write_text(EPOCHS)
+    return torchrun(str(script), data, mode, env={"PYTHONPATH": ROOT, "FEEDLINE_RANK_SCOPE": scope}, timeout=120)
+
+
+def _assert_epochs_count_up(run):
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in run.stdout.splitlines() if "RESULT " in line]
+    assert len(results) == 2 and all(r["last"] == 2 for r in results)
+    everything = sorted(f"k{k}{i:03d}" for k in range(4) for i in range(8))
+    orders = []
+    for epoch in range(3):
+        assert sorted(k for r in results for k in r["epochs"][epoch]) == everything  # once each, across the ranks
+        orders.append([r["epochs"][epoch] for r in results])
+    assert orders[0] != orders[1] != orders[2]  # reshuffled every epoch, no set_epoch called
+
+
+@pytest.mark.parametrize("scope", ["global", "local"])
+def test_epochs_count_up_under_torch_distributed_without_set_epoch(tmp_path, scope):
+    _assert_epochs_count_up(_epochs_run(tmp_path, "plain", scope))
+
+
+def test_an_iterator_never_read_on_one_rank_changes_no_epoch(tmp_path):
+    _assert_epochs_count_up(_epochs_run(tmp_path, "extra"))
+
+
+def test_a_peek_at_the_named_epoch_on_one_rank_neither_desyncs_nor_hangs_the_ranks(tmp_path):
+    _assert_epochs_count_up(_epochs_run(tmp_path, "peek"))
+
+
+def test_ranks_that_name_different_epochs_get_one_clear_error_naming_both(tmp_path):
+    run = _epochs_run(tmp_path, "disagree")
     assert run.returncode != 0
-    assert "the ranks are in different epochs" in run.stderr and "set_epoch" in run.stderr
+    assert "rank 0: 3, rank 1: 0" in run.stderr and "set_epoch" in run.stderr
 
 
 def test_a_rank_that_dies_ends_the_job_with_an_error_instead_of_a_hang(tmp_path):
@@ -149,32 +192,6 @@ def test_world_size_without_torchrun_is_refused_with_the_fix_named():
     assert out.returncode == 2
     assert "WORLD_SIZE=4 but RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are not set" in out.stderr
     assert "torchrun" in out.stderr
-
-
-@pytest.mark.parametrize("scope", ["global", "local"])
-def test_set_epoch_is_needed_under_a_process_group(tmp_path, scope):
-    data = jpeg_shards(str(tmp_path / "data"), [8, 8, 8, 8])
-    script = tmp_path / "again.py"
-    script.write_text(textwrap.dedent("""
-        import sys
-        import torch.distributed as dist
-        from app import StagingLoader
-        dist.init_process_group("gloo")
-        try:
-            with StagingLoader(sys.argv[1], batch_size=4, workers=1, spec={"cls": "int64"}) as loader:
-                a = [k for b in loader for k in b["__key__"]]
-                b = [k for b in loader for k in b["__key__"]]  # no set_epoch: the same epoch again, said once
-                loader.set_epoch(1)
-                c = [k for b in loader for k in b["__key__"]]
-                # one write per rank: both ranks share torchrun's (unbuffered) stdout
-                sys.stdout.write(("same" if a == b else "moved") + " " + ("next" if c != a else "stuck") + "\\n")
-        finally:
-            dist.destroy_process_group()
-    """))
-    run = torchrun(str(script), data, env={"PYTHONPATH": ROOT, "FEEDLINE_RANK_SCOPE": scope})
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split().count("same") == 2 and run.stdout.split().count("next") == 2
-    assert "starts again on this rank" in run.stderr
 
 
 def test_a_ddp_job_stopped_by_sigterm_resumes_and_trains_every_sample_once(tmp_path):

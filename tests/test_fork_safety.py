@@ -46,11 +46,11 @@ def run_race(tmp_path, mode: str, rounds: int) -> None:
 
 
 def test_workers_start_and_are_replaced_while_fork_start_dataloaders_run(tmp_path):
-    run_race(tmp_path, "dataloader", int(ROUNDS or 6))
+    run_race(tmp_path, "dataloader", int(ROUNDS or 4))
 
 
 def test_workers_start_and_are_replaced_while_a_thread_forks_in_a_tight_loop(tmp_path):
-    run_race(tmp_path, "forker", int(ROUNDS or 3))
+    run_race(tmp_path, "forker", int(ROUNDS or 2))
 
 
 def test_a_worker_start_leaves_no_descriptor_but_its_own_in_the_worker(tmp_path):
@@ -63,7 +63,12 @@ def test_a_worker_start_leaves_no_descriptor_but_its_own_in_the_worker(tmp_path)
             next(iter(loader))
             pid = loader._pipeline.pool.worker_pids()[0]
             fds = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
-            targets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds}
+            targets = set()
+            for fd in fds:
+                try:
+                    targets.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                except FileNotFoundError:  # a shard the worker closed since the listing
+                    pass
         assert f"pipe:[{os.fstat(w).st_ino}]" not in targets
         assert {0, 1, 2} <= fds
     finally:

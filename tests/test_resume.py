@@ -170,6 +170,48 @@ def test_set_epoch_chooses_the_epoch_as_distributed_sampler_does(shards):
         assert b.epoch == 2 and b.next_epoch == 3
 
 
+def test_an_iterator_never_read_starts_no_epoch(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=SPEC) as a, \
+            StagingLoader(shards, batch_size=8, workers=2, spec=SPEC) as b:
+        first = [i for x in a for i in x["cls"].tolist()]
+        iter(b)  # made and dropped: nothing starts, nothing counts
+        assert b.epoch == -1 and b.next_epoch == 0
+        assert [i for x in b for i in x["cls"].tolist()] == first and b.epoch == 0
+
+
+def test_set_epoch_names_the_epoch_until_it_is_read_to_its_end(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=SPEC) as a, \
+            StagingLoader(shards, batch_size=8, workers=2, spec=SPEC) as b:
+        reference = [[i for x in a for i in x["cls"].tolist()] for _ in range(2)]
+        b.set_epoch(0)
+        next(iter(b))  # a peek: epoch 0 starts and is left
+        assert [i for x in b for i in x["cls"].tolist()] == reference[0]  # the named epoch again, whole
+        assert [i for x in b for i in x["cls"].tolist()] == reference[1]  # read to its end: counting goes on
+
+
+def test_a_state_taken_at_the_last_batch_goes_on_with_the_next_epoch(shards):
+    """Trainers that stop by len() (Lightning) never call next() after the last batch."""
+    with StagingLoader(shards, batch_size=8, workers=2, spec=SPEC) as loader:
+        it = iter(loader)
+        for _ in range(len(loader)):
+            next(it)
+        state = loader.state_dict()
+    assert state["finished"] and state["next_epoch"] == 1
+
+
+def test_a_state_of_every_rank_resumes_this_ranks_part_or_all_of_them_elastically(caplog):
+    from app.loader.rank import Rank
+    from app.loader.resume import RANKS_FORMAT, own_state
+
+    states = [{"format": "feedline.loader/1", "rank": r} for r in range(2)]
+    bundle = {"format": RANKS_FORMAT, "ranks": states}
+    assert own_state(bundle, Rank(1, 2), elastic=False) == (states[1], False)
+    assert own_state([bundle, bundle], Rank(0, 2), elastic=False) == (states[0], False)  # gathered once per rank
+    with caplog.at_level(logging.WARNING, logger="feedline"):
+        assert own_state(bundle, Rank(0, 3), elastic=False) == (states, True)
+    assert "resuming elastically" in caplog.text
+
+
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_len_is_the_number_of_batches_the_epoch_yields(shards, drop_last):
     with StagingLoader(shards, batch_size=8, workers=2, spec=SPEC, drop_last=drop_last) as loader:

@@ -8,15 +8,19 @@ process group of their own (gloo, beside the training's group, so the
 exchange never interleaves with the training's collectives), and each rank then
 yields the same number: the smallest (``drop``: the few extra batches of the
 other ranks wait for the next epoch's shuffle) or the largest (``pad``: ranks
-with fewer repeat their last batch). A rank that iterates out of step — an
-extra ``iter()`` to peek at a batch starts the epoch again on that rank only —
-meets another rank's next epoch in the exchange, and every rank gets a clear
-error instead of training on overlapping data.
+with fewer repeat their last batch). The exchange happens at an epoch's first
+batch, once per epoch number (``epochs.py``): a rank that reads the same epoch
+again (a peek before the loop) does not exchange again. Ranks that meet with
+different epoch numbers — one named another with ``set_epoch``, or took batches
+of an extra epoch — all get one clear error naming the numbers, instead of
+training on overlapping data.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 import torch
 
@@ -59,13 +63,30 @@ class RankCoordinator:
         if len(set(epochs)) > 1:
             raise LoaderError(
                 f"the ranks are in different epochs ({', '.join(f'rank {r}: {e}' for r, e in enumerate(epochs))}): "
-                f"start each epoch once on every rank, with loader.set_epoch(epoch) before it — an extra "
-                f"iter(loader) (a peek at a batch) starts the epoch again on that rank only")
+                f"epochs count up at each epoch's first batch, on every rank alike; a rank that named another "
+                f"epoch with loader.set_epoch(n), or took batches of an extra epoch (a peek at a batch without "
+                f"set_epoch), is out of step — call loader.set_epoch(epoch) with the same number on every rank, "
+                f"or on none")
         target = min(counts) if self.mode == "drop" else max(counts)
         if min(counts) != max(counts):
             log.info("epoch %d: the ranks have %s batches; every rank yields %d (equal_batches=%s)", epoch,
                      "/".join(map(str, counts)), target, self.mode)
         return target
+
+    def gather(self, doc: Any) -> list[Any]:
+        """Every rank's ``doc`` (plain JSON data), on every rank, as bytes over the loader's group: never pickled.
+
+        A collective: every rank calls it (``state_dict`` under torch.distributed)."""
+        import torch.distributed as dist
+
+        data = torch.frombuffer(bytearray(json.dumps(doc).encode()), dtype=torch.uint8)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64), group=self._group)
+        padded = torch.zeros(int(max(int(n) for n in sizes)), dtype=torch.uint8)
+        padded[: data.numel()] = data
+        out = [torch.zeros_like(padded) for _ in range(self.world)]
+        dist.all_gather(out, padded, group=self._group)
+        return [json.loads(o[: int(n)].numpy().tobytes()) for o, n in zip(out, sizes)]
 
     def close(self) -> None:
         import torch.distributed as dist

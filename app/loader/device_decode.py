@@ -11,8 +11,8 @@ the same crop-and-resize code: no faster than the workers, but the same path, te
 
 A member the batch decoder refuses (not a JPEG, a codec error) is decoded alone by Pillow; one
 Pillow cannot read either is dropped from the batch — every field of that row — and counted as a
-``corrupt`` sample. Crops are drawn from ``(seed, epoch, worker, batch)``: the same batch gets the
-same crops on every run.
+``corrupt`` sample. Each image's crop is drawn from ``(seed, epoch, key)``: a sample gets the same
+crop on every run, after a resume and after a worker is replaced, whichever batch it lands in.
 """
 
 from __future__ import annotations
@@ -197,9 +197,9 @@ class DeviceDecoder:
               origin: tuple[int, int]) -> tuple[dict[str, torch.Tensor], dict[str, list[Any]]]:
         """``tensors`` with each image field decoded (``<name>_len`` gone); rows nothing could decode dropped.
 
-        ``origin`` is (worker, batch number): with the seed and the epoch, the crops' seed.
+        ``origin`` is (worker, batch number); each row's crop is seeded by the seed, the epoch and its key.
         """
-        rng = random.Random(f"feedline-device-decode:{self.seed}:{self.epoch}:{origin[0]}:{origin[1]}")
+        keys = extra["__key__"]  # every batch carries its keys (side.py)
         out = dict(tensors)
         bad: set[int] = set()
         decoded: dict[str, list[torch.Tensor | None]] = {}
@@ -216,6 +216,7 @@ class DeviceDecoder:
             for i in keep:
                 img = images[i]
                 assert img is not None
+                rng = random.Random(f"feedline-device-decode:{self.seed}:{self.epoch}:{name}:{keys[i]}")
                 box = crop_box(img.shape[1], img.shape[2], self.settings, rng)
                 flip = self.settings.crop == "random" and self.settings.flip and rng.random() < 0.5
                 fitted.append(crop_resize(img, box, self.settings.size, flip))  # type: ignore[arg-type]

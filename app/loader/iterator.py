@@ -23,19 +23,45 @@ from .views import SlotView
 log = logging.getLogger("feedline.loader")
 
 
+class Epoch:
+    """What ``iter(loader)`` returns: the epoch starts at the first ``next()`` (its number counted, the ranks
+    agreed, the workers told), so an ``iter()`` never consumed changes nothing (``epochs.py``)."""
+
+    __slots__ = ("_start", "_it")
+
+    def __init__(self, start: Callable[[], "EpochIterator"]):
+        self._start: Callable[[], EpochIterator] | None = start
+        self._it: EpochIterator | None = None
+
+    def __iter__(self) -> "Epoch":
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        it = self._it
+        if it is None:
+            if self._start is None:
+                raise StopIteration
+            it, self._start = self._start(), None
+            self._it = it
+        return it.__next__()
+
+
 class EpochIterator:
     """Yields one epoch's batches; a zero-copy batch's slot is released at the following ``next()``, a copy-mode
     batch's once nothing references it (``kept``)."""
 
-    def __init__(self, epoch: int, current_epoch: Callable[[], int], queue: DeviceQueue | DirectHandOff,
+    def __init__(self, epoch: int, start: int, current_start: Callable[[], int], queue: DeviceQueue | DirectHandOff,
                  release: Callable[[int], None], stats: StatsRecorder, device: torch.device, cursor: Cursor,
                  limit: int | None = None, kept: KeptBatches | None = None,
-                 tune: Callable[[float], float | None] | None = None):
+                 tune: Callable[[float], float | None] | None = None,
+                 ended: Callable[[int], None] = lambda epoch: None):
         self._epoch = epoch
+        self._start = start  # the loader's count of epoch starts when this one started
+        self._ended = ended
         self._tune = tune  # workers="auto": called at a next() once its time comes; returns the next time
         self._tune_at: float | None = 0.0 if tune is not None else None
         self._kept = kept
-        self._current_epoch = current_epoch
+        self._current_start = current_start
         self._queue = queue
         self._release = release
         self._stats = stats
@@ -84,8 +110,9 @@ class EpochIterator:
             self._kept.collect()
         if self._done:
             raise StopIteration
-        if self._epoch != self._current_epoch():
-            raise LoaderError(f"epoch {self._epoch} was abandoned when epoch {self._current_epoch()} started")
+        if self._start != self._current_start():
+            raise LoaderError(f"epoch {self._epoch} was abandoned when another epoch started (an iter() of the "
+                              f"loader was read from); take its batches before starting the next")
         if self._limit is not None and self._cursor.batches >= self._limit:
             self._finish()  # the other ranks have no more batches: stop with them (equal_batches)
         if self._tune_at is not None and called >= self._tune_at:
@@ -107,7 +134,11 @@ class EpochIterator:
             self._held_slot = item.slot
             tensors = {k: SlotView.of(v) for k, v in tensors.items()}
             self._held = list(tensors.values())
-        self._cursor.record(*item.origin)
+        cursor = self._cursor
+        cursor.record(*item.origin)
+        if cursor.expected is not None and cursor.batches >= cursor.expected and not cursor.finished:
+            cursor.finished = True  # the last batch: a state saved now starts the next epoch (no next() needed)
+            self._ended(self._epoch)
         self._last_return = time.perf_counter()
         batch = {**tensors, **item.extra}
         if self._limit is not None:
@@ -117,7 +148,9 @@ class EpochIterator:
     def _finish(self) -> None:
         self._done = True
         self._last_return = None
-        self._cursor.finished = True
+        if not self._cursor.finished:
+            self._cursor.finished = True
+            self._ended(self._epoch)
         raise StopIteration
 
     def _pad(self) -> dict[str, Any]:

@@ -5,6 +5,9 @@ pipes) through one ``Pipeline`` and frees them in ``close()``; it is also a
 context manager, and a finalizer closes a loader that was forgotten. It takes
 plain settings (``LoaderSettings``) and pushes its statistics to the sink it is
 given; it serves nothing itself (``app.StagingLoader`` adds ``metrics_port=``).
+
+Why this file is long: the constructor spells out every setting as a keyword (35 lines, so
+editors and ``help()`` show them); the parts it wires live in their own files.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from .auto import AutoWorkers
 from .coordinate import RankCoordinator
 from .device_decode import DeviceDecoder, compressed_spec, worker_decode
 from .errors import ErrorBudget, LoaderError
-from .iterator import EpochIterator
+from .epochs import EpochCounter, EpochSampler
+from .iterator import Epoch, EpochIterator
 from .kept import KeptBatches
 from .launch import Launcher
 from .pipeline import Pipeline
@@ -35,7 +39,7 @@ from .plan import EpochPlan
 from .pool import WorkerPool
 from .probe import probe_spec, resolve_side_bytes
 from .rank import Rank
-from .resume import Cursor, Resume, differing, make_state, plan_resume, saved_workers
+from .resume import RANKS_FORMAT, Cursor, Resume, differing, make_state, own_state, plan_resume, saved_workers
 from .ring import BatchRing, RingHandle, RingLayout, check_ring_memory
 from .sample import FieldSelection
 from .settings import DeviceDecode, LoaderSettings, unknown_argument
@@ -120,9 +124,7 @@ class StagingLoader:
             selection = FieldSelection(fields)
         except (TypeError, ValueError) as exc:
             raise SettingError("fields", str(exc).removeprefix("fields: ")) from None
-        self._epoch = -1
-        self._next_epoch = 0  # the number the next iter() gives its epoch (set_epoch, load_state_dict)
-        self._epoch_named = False  # set_epoch was called since the last iter()
+        self._epochs = EpochCounter()  # which epoch the next start reads (epochs.py)
         self._resume: Resume | None = None  # a loaded state, applied by the next iter()
         self._cursor: Cursor | None = None
         self._counts: dict[str, int] = {}  # samples per shard of this epoch, where the source knows them
@@ -220,18 +222,29 @@ class StagingLoader:
 
     @property
     def epoch(self) -> int:
-        """The epoch being read (-1 before the first ``iter()``)."""
-        return self._epoch
+        """The epoch being read (-1 before the first batch)."""
+        return self._epochs.current
 
     @property
     def next_epoch(self) -> int:
-        """The epoch the next ``iter()`` starts or resumes."""
-        return self._resume.plan.epoch if self._resume is not None else self._next_epoch
+        """The epoch the next start reads or resumes."""
+        return self._resume.plan.epoch if self._resume is not None else self._epochs.next
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """What trainers built for ``DataLoader`` call ``set_epoch`` on each epoch (Lightning): the loader's own."""
+        return EpochSampler(self.set_epoch)
 
     # -- iteration ------------------------------------------------------------------------
 
-    def __iter__(self) -> EpochIterator:
-        """The next epoch (or the rest of a resumed one); a ``for`` over the loader starts one each time."""
+    def __iter__(self) -> Epoch:
+        """The next epoch (or the rest of a resumed one), started at its first ``next()``: a ``for`` over the
+        loader reads one epoch each time, and an ``iter()`` never consumed changes nothing."""
+        if self._closed:
+            raise LoaderError("the loader is closed")
+        return Epoch(self._start_epoch)
+
+    def _start_epoch(self) -> EpochIterator:
         if self._closed:
             raise LoaderError("the loader is closed")
         p = self._pipeline
@@ -239,35 +252,32 @@ class StagingLoader:
         s = self.settings
         resume, self._resume = self._resume, None
         first = delivered = None
-        if self._auto is not None and self._epoch >= 0:  # auto adjusts during the first epoch only
+        if self._auto is not None and self._epochs.current >= 0:  # auto adjusts during the first epoch only
             self._stop_auto("the first epoch ended: its worker count stays")
         if resume is not None:
             plan, first, delivered = resume.plan, resume.first, resume.delivered
         else:
-            plan = self._plan_epoch(self._next_epoch)
+            plan = self._plan_epoch(self._epochs.next)
         self.plan = plan
         counts = getattr(self.source, "counts", {})
         self._counts = {path: counts[path] for path in plan.shards if path in counts}
-        if p.coordinator is not None and not self._epoch_named and self._epoch == plan.epoch and resume is None:
-            log.warning("epoch %d starts again on this rank: under torch.distributed call loader.set_epoch(epoch) "
-                        "before each epoch, on every rank (epochs do not count up on their own there)", plan.epoch)
-        self._epoch_named = False
-        self._epoch = plan.epoch
-        # under torch.distributed epochs are named (set_epoch), as with DistributedSampler: a second iter()
-        # repeats the epoch on this rank instead of silently moving ahead of the others
-        self._next_epoch = plan.epoch if p.coordinator is not None else plan.epoch + 1
+        start = self._epochs.start(plan.epoch)
         log.debug("%s", plan.describe())
         limit = None
         if p.coordinator is not None:  # the same number of batches on every rank, or an error if out of step
-            limit = p.coordinator.agree(plan.epoch, plan.batches(s.batch_size, s.drop_last))
+            limit = None if resume is not None else self._epochs.agreed(plan.epoch)
+            if limit is None:
+                limit = p.coordinator.agree(plan.epoch, plan.batches(s.batch_size, s.drop_last))
+                self._epochs.remember(plan.epoch, limit)
         self.source.epoch_started(self.rank.rank, plan.epoch, len(plan.shards))
         self._stats.set_epoch(plan.epoch)
         if p.decoder is not None:
             p.decoder.epoch = plan.epoch
         self._cursor = Cursor.start(plan.workers, first, delivered)
+        self._cursor.expected = limit if limit is not None else plan.batches(s.batch_size, s.drop_last)
         self._start_run(plan, first, delivered)
-        it = EpochIterator(plan.epoch, lambda: self._epoch, p.queue, p.pool.release, self._stats, self.device,
-                           self._cursor, limit, p.kept, self._auto)
+        it = EpochIterator(plan.epoch, start, lambda: self._epochs.starts, p.queue, p.pool.release, self._stats,
+                           self.device, self._cursor, limit, p.kept, self._auto, self._epochs.ended)
         self._iterator = weakref.ref(it)
         return it
 
@@ -284,8 +294,8 @@ class StagingLoader:
 
     def _regrow(self, workers: int) -> None:
         """The rest of this epoch over ``workers`` workers (``auto.py``), replanned as an elastic resume replans."""
-        state = self.state_dict()
-        self.settings = self.settings.replace(workers=workers)
+        state = self._own_state()
+        self.settings = s = self.settings.replace(workers=workers)
         if self._cursor is None or self._cursor.finished or state["plan"] is None:
             return
         resume, _ = plan_resume(state, self._state_settings(), self.rank, self.source.snapshot(),
@@ -293,6 +303,8 @@ class StagingLoader:
         if resume is not None:
             self.plan = resume.plan
             self._cursor.regrown(workers)
+            if self._pipeline.coordinator is None:  # (under it the ranks' agreed count stands)
+                self._cursor.expected = self._cursor.before + resume.plan.batches(s.batch_size, s.drop_last)
             self._start_run(resume.plan, restart=True)
 
     def _stop_auto(self, message: str | None) -> None:
@@ -311,16 +323,16 @@ class StagingLoader:
     # -- epochs and resume -------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next ``iter()`` starts, as ``DistributedSampler.set_epoch``; without it epochs count up.
+        """Name the epoch the next starts read until it is read to its end (``DistributedSampler.set_epoch``);
+        without it epochs count up, in one process as under torch.distributed.
 
-        A loaded state for that same epoch is kept: the next ``iter()`` resumes it.
+        A loaded state for that same epoch is kept: the next start resumes it.
         """
         if self._resume is not None and self._resume.plan.epoch != epoch:
             log.warning("set_epoch(%d): the loaded state of epoch %d is dropped", epoch, self._resume.plan.epoch)
             self._resume = None
         if self._resume is None:
-            self._next_epoch = int(epoch)
-        self._epoch_named = True
+            self._epochs.name(epoch)
 
     def _state_settings(self) -> dict[str, Any]:
         s = self.settings
@@ -332,13 +344,21 @@ class StagingLoader:
         """Where the training loop is: small plain data (JSON), for ``load_state_dict`` in a fresh loader.
 
         It records the batches the loop received, not those decoded ahead. Taken after the loop received
-        batch k, a loader that loads it yields batches k+1... of that epoch, then the next epochs.
+        batch k, a loader that loads it yields batches k+1... of that epoch, then the next epochs. Under
+        torch.distributed (equal batches) it holds every rank's state, so the one a trainer saves from rank 0
+        resumes every rank: a collective, called on every rank as Lightning and Accelerate do.
         """
+        coordinator = self._pipeline.coordinator
+        if coordinator is None:
+            return self._own_state()
+        return {"format": RANKS_FORMAT, "ranks": coordinator.gather(self._own_state())}  # every rank calls it
+
+    def _own_state(self) -> dict[str, Any]:
         if self._resume is not None:  # loaded, not yet iterated: the start of the resumed epoch
             r = self._resume
             cursor = Cursor.start(self.settings.workers, r.first, r.delivered)
             return make_state(r.plan, cursor, r.plan.epoch, self._state_settings(), self._counts)
-        return make_state(self.plan, self._cursor, self._next_epoch, self._state_settings(), self._counts)
+        return make_state(self.plan, self._cursor, self._epochs.next, self._state_settings(), self._counts)
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], elastic: bool = False) -> None:
         """Go on from a saved state at the next ``iter()``.
@@ -348,6 +368,7 @@ class StagingLoader:
         world size changed, the states of all the interrupted run's ranks, as a list): then every sample
         the interrupted epoch had not delivered is delivered exactly once, in another order.
         """
+        state, elastic = own_state(state, self.rank, elastic)
         if self.auto_workers:  # auto takes the saved run's worker count (it had tuned it): the resume is exact
             workers, first_epoch = saved_workers(state, self.settings.workers, self.most_workers)
             if self._auto is not None and not self._auto.adopt(workers, go_on=first_epoch):
@@ -356,7 +377,8 @@ class StagingLoader:
             elastic = elastic or isinstance(state, Mapping) and differing(state, self._state_settings()) == ["workers"]
         resume, next_epoch = plan_resume(state, self._state_settings(), self.rank, self.source.snapshot(),
                                          self.source.growing, elastic)
-        self._resume, self._next_epoch = resume, next_epoch
+        self._resume = resume
+        self._epochs.load(next_epoch)
         if resume is None:  # before an epoch: nothing of the past run's epochs is in progress here
             self.plan, self._cursor = None, None
 
@@ -371,7 +393,7 @@ class StagingLoader:
         elif self.plan is not None and self._cursor is not None and not self._cursor.finished:
             return self._cursor.before + self.plan.batches(self.settings.batch_size, self.settings.drop_last)
         else:
-            plan = self._plan_epoch(self._next_epoch)
+            plan = self._plan_epoch(self._epochs.next)
         return plan.batches(self.settings.batch_size, self.settings.drop_last)
 
     def stats(self) -> LoaderStats:

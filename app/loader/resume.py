@@ -32,6 +32,7 @@ from .stream import ShardProblem, shuffle_order
 log = logging.getLogger("feedline.loader")
 
 FORMAT = "feedline.loader/1"
+RANKS_FORMAT = "feedline.loader.ranks/1"  # every rank's state in one (state_dict under torch.distributed)
 # Settings a state must share with the loader it is loaded into, unless elastic.
 EXACT = ("seed", "batch_size", "drop_last", "shuffle", "shuffle_buffer", "workers", "rank", "world_size")
 
@@ -44,6 +45,7 @@ class Cursor:
     per_worker: list[list[int]] = field(default_factory=list)
     finished: bool = False
     before: int = 0  # batches received before the epoch's rest was split anew (workers="auto")
+    expected: int | None = None  # batches the epoch yields (exact when no sample is skipped): reached, it is over
 
     @classmethod
     def start(cls, workers: int, first: Sequence[int] | None = None,
@@ -93,6 +95,25 @@ def _check_format(state: Mapping[str, Any]) -> None:
     if not isinstance(state, Mapping) or state.get("format") != FORMAT:
         got = state.get("format") if isinstance(state, Mapping) else type(state).__name__
         raise SettingError("state", f"is not a feedline loader state of format {FORMAT!r} (got {got!r})")
+
+
+def own_state(state: Mapping[str, Any] | Sequence[Mapping[str, Any]], rank: Rank,
+              elastic: bool) -> tuple[Mapping[str, Any] | Sequence[Mapping[str, Any]], bool]:
+    """(the state(s) to resume from, elastic?) from what was loaded: a state of every rank (what a trainer such as
+    Lightning saves once, from rank 0) gives this rank its own, or all of them for an elastic resume when the
+    world size changed."""
+    if not isinstance(state, Mapping) and state and isinstance(state[0], Mapping) \
+            and state[0].get("format") == RANKS_FORMAT:
+        state = state[0]  # the same states, gathered once per rank
+    if not isinstance(state, Mapping) or state.get("format") != RANKS_FORMAT:
+        return state, elastic
+    ranks = list(state["ranks"])
+    if len(ranks) == rank.world_size and not elastic:
+        return ranks[rank.rank], False
+    if len(ranks) != rank.world_size:
+        log.warning("the state was saved by %d rank(s), this job has %d: resuming elastically (every sample the "
+                    "interrupted epoch had not delivered comes once, in another order)", len(ranks), rank.world_size)
+    return ranks, True
 
 
 def differing(state: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:

@@ -166,8 +166,9 @@ class LoaderSettings:
             raise SettingError("start_method", f"must be 'spawn': workers start in a fresh interpreter (never "
                                                f"fork after CUDA), got {self.start_method!r}")
         device = str(self.device)
-        if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
+        if not re.fullmatch(r"cpu(:[0-9]+)?|cuda(:[0-9]+)?", device):
             raise SettingError("device", f"must be 'cpu' or 'cuda[:N]', got {device!r}")
+        device = "cpu" if device.startswith("cpu") else device  # cpu:0 (Accelerate's) is the one CPU device
         set_(self, "device", device)
         if self.rank is not None and not isinstance(self.rank, Rank):
             raise SettingError("rank", f"must be a Rank(rank, world_size), got {self.rank!r}")

@@ -42,6 +42,7 @@ from .launch import STACK_SIGNAL
 from .plan import WorkerPlan
 from .ring import IDLE, OPENING, SKIPPING, STATUS_KEY_BYTES, BatchRing, RingHandle
 from .sample import FieldSelection, load_sample
+from .seeding import reseed, sample_seed
 from .side import SideWriter
 from .spec import SampleRejected, fill
 from .stream import SampleRef, ShardProblem, open_ahead, sample_stream
@@ -94,6 +95,7 @@ class _Epoch:
 
     def __init__(self, plan: WorkerPlan, shuffle_buffer: int, status: np.ndarray):
         self.epoch = plan.run  # the token fills and results carry: a restarted epoch has a new one
+        self.seed, self.number = plan.seed, plan.epoch  # with the sample: what its random draws are seeded from
         self.poison = set(plan.poison)
         self.status = status
         seed = plan.stream_seed
@@ -103,7 +105,7 @@ class _Epoch:
         self.pos = 0  # samples consumed
         self.done = False
         self.logged: dict[str, int] = {}
-        # transforms draw from `random` and `np.random`: seed both from the stream, reproducibly
+        # a base for draws outside a sample's transform; each sample reseeds from itself (seeding.py)
         random.seed(seed)
         np.random.seed(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:4], "little"))
         self._skip_to(plan.resume)
@@ -150,6 +152,7 @@ class Worker:
         self.side = SideWriter(layout.side_fields, layout.side_bytes)
         self.sources = layout.spec.sources
         self.wanted = self.sources if args.code.transform is None else None
+        self.reseed = args.code.transform is not None  # only a transform draws: plain decoding costs nothing
         self.epoch: _Epoch | None = None
 
     def serve(self) -> None:
@@ -208,6 +211,8 @@ class Worker:
             status[:] = (ep.epoch, pos, item.shard.ordinal, item.index)
             key = item.sample.key.encode()[: STATUS_KEY_BYTES - 1]
             status_key[: len(key) + 1] = np.frombuffer(key + b"\0", np.uint8)
+            if self.reseed:
+                reseed(sample_seed(ep.seed, ep.number, item.shard.path, item.sample.key))
             try:
                 r, d = self._write_sample(item, views, n)
                 read_bytes += r
