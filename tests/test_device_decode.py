@@ -104,7 +104,8 @@ def test_a_center_crop_keeps_the_middle_of_a_wide_image():
     Image.fromarray(img).save(buf, format="PNG")
     data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
     decoder = DeviceDecoder(s, torch.device("cpu"), seed=0)
-    out, _ = decoder.apply({"jpg": data[None], "jpg_len": torch.tensor([len(data)], dtype=torch.int32)}, {}, (0, 0))
+    out, _ = decoder.apply({"jpg": data[None], "jpg_len": torch.tensor([len(data)], dtype=torch.int32)},
+                           {"__key__": ["wide"]}, (0, 0))
     assert out["jpg"].shape == (1, 32, 32, 3)
     assert out["jpg"][0, 16, 16].tolist() == [0, 255, 0]
 

@@ -134,11 +134,7 @@ class EpochIterator:
             self._held_slot = item.slot
             tensors = {k: SlotView.of(v) for k, v in tensors.items()}
             self._held = list(tensors.values())
-        cursor = self._cursor
-        cursor.record(*item.origin)
-        if cursor.expected is not None and cursor.batches >= cursor.expected and not cursor.finished:
-            cursor.finished = True  # the last batch: a state saved now starts the next epoch (no next() needed)
-            self._ended(self._epoch)
+        self._cursor.record(*item.origin)
         self._last_return = time.perf_counter()
         batch = {**tensors, **item.extra}
         if self._limit is not None:

@@ -274,7 +274,7 @@ class StagingLoader:
         if p.decoder is not None:
             p.decoder.epoch = plan.epoch
         self._cursor = Cursor.start(plan.workers, first, delivered)
-        self._cursor.expected = limit if limit is not None else plan.batches(s.batch_size, s.drop_last)
+        self._cursor.expected = limit  # (else worked out from the shard indexes when a state is asked for)
         self._start_run(plan, first, delivered)
         it = EpochIterator(plan.epoch, start, lambda: self._epochs.starts, p.queue, p.pool.release, self._stats,
                            self.device, self._cursor, limit, p.kept, self._auto, self._epochs.ended)
@@ -295,7 +295,7 @@ class StagingLoader:
     def _regrow(self, workers: int) -> None:
         """The rest of this epoch over ``workers`` workers (``auto.py``), replanned as an elastic resume replans."""
         state = self._own_state()
-        self.settings = s = self.settings.replace(workers=workers)
+        self.settings = self.settings.replace(workers=workers)
         if self._cursor is None or self._cursor.finished or state["plan"] is None:
             return
         resume, _ = plan_resume(state, self._state_settings(), self.rank, self.source.snapshot(),
@@ -303,8 +303,7 @@ class StagingLoader:
         if resume is not None:
             self.plan = resume.plan
             self._cursor.regrown(workers)
-            if self._pipeline.coordinator is None:  # (under it the ranks' agreed count stands)
-                self._cursor.expected = self._cursor.before + resume.plan.batches(s.batch_size, s.drop_last)
+            self._cursor.expected = None  # another plan (no regrow under torch.distributed: no agreed count)
             self._start_run(resume.plan, restart=True)
 
     def _stop_auto(self, message: str | None) -> None:
@@ -354,6 +353,13 @@ class StagingLoader:
         return {"format": RANKS_FORMAT, "ranks": coordinator.gather(self._own_state())}  # every rank calls it
 
     def _own_state(self) -> dict[str, Any]:
+        c, s = self._cursor, self.settings
+        if c is not None and self.plan is not None and not c.finished:
+            if c.expected is None:  # the epoch's batch count, from the shard indexes, once, when first asked
+                c.expected = c.before + self.plan.batches(s.batch_size, s.drop_last)
+            if c.batches >= c.expected:  # the last batch is in: trainers that stop by len() call no next()
+                c.finished = True
+                self._epochs.ended(self._epochs.current)
         if self._resume is not None:  # loaded, not yet iterated: the start of the resumed epoch
             r = self._resume
             cursor = Cursor.start(self.settings.workers, r.first, r.delivered)
