@@ -46,7 +46,7 @@ def run_race(tmp_path, mode: str, rounds: int) -> None:
 
 
 def test_workers_start_and_are_replaced_while_fork_start_dataloaders_run(tmp_path):
-    run_race(tmp_path, "dataloader", int(ROUNDS or 4))
+    run_race(tmp_path, "dataloader", int(ROUNDS or 3))
 
 
 def test_workers_start_and_are_replaced_while_a_thread_forks_in_a_tight_loop(tmp_path):

@@ -48,8 +48,6 @@ AT = textwrap.dedent("""
         before(app.checkpoint.CheckpointDir, "save")
     elif moment == "summary":
         before(app.train, "print_summary")
-    elif moment == "teardown":
-        before(app.loader.loader.StagingLoader, "close")
     elif moment == "exit":  # after main returned, in the interpreter's way out
         atexit.register(lambda: (term(), time.sleep(0.5)))
     sys.exit(app.cli.main(sys.argv[2:]))
@@ -90,7 +88,6 @@ def in_session(sid):
     ("step", "stopping at step 3"),
     ("save", "stopping at step 3"),  # the step the save followed is done: the next one is not started
     ("summary", "total:"),
-    ("teardown", "total:"),
     ("exit", "total:"),
 ])
 def test_a_sigterm_at_any_moment_exits_0_leaving_nothing(tmp_path, jpegs, moment, says):
