@@ -120,7 +120,7 @@ def test_npy_with_python_objects_is_refused_never_unpickled():
         decode_npy(memoryview(buf.getvalue()))
 
 
-@pytest.mark.parametrize("ext", ["pyd", "pickle", "pkl", "pth", "meta.pickle"])
+@pytest.mark.parametrize("ext", ["pyd", "pickle", "pkl", "meta.pickle"])
 def test_pickle_members_are_refused_naming_the_safety_reason(ext):
     with pytest.raises(UnsafeMemberError, match="runs code from the data"):
         Decoder()(ext, memoryview(b"\x80\x04K\x01."))

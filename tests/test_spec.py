@@ -21,6 +21,44 @@ def test_a_json_member_is_json_whatever_value_it_holds():
     assert Spec.infer([{"meta.json": 3}, {"meta.json": 4}]).fields[0].dtype == "json"
 
 
+def test_nested_values_json_cannot_carry_are_trees_and_plain_ones_stay_json():
+    kinds = {f.name: f.dtype for f in Spec.infer([
+        {"mp": {"a": 1}, "meta": {"a": [1]}, "boxes": (1, 2), "arrays": {"x": np.zeros(2)}, "ids": {1: "a"}},
+        {"mp": {"a": 2}, "meta": {"a": [2]}, "boxes": (3, 4), "arrays": {"x": np.ones(2)}, "ids": {2: "b"}}]).fields}
+    assert kinds == {"mp": "tree", "meta": "json", "boxes": "tree", "arrays": "tree", "ids": "tree"}
+
+
+def test_a_field_json_carries_in_some_samples_only_travels_as_a_tree_in_all():
+    assert Spec.infer([{"m": {"a": 1}}, {"m": {"a": b"raw"}}]).fields[0].dtype == "tree"
+
+
+def test_a_number_decoded_from_a_msgpack_member_is_a_tensor():
+    f = Spec.infer([{"n.mp": 3}, {"n.mp": 4}]).fields[0]
+    assert not f.side and np.dtype(f.dtype) == np.int64
+
+
+def test_trees_come_back_with_their_types_and_values():
+    torch = pytest.importorskip("torch")
+    from app.loader import tree
+
+    value = {"w": torch.arange(3, dtype=torch.bfloat16), "a": np.arange(4, dtype=np.uint16).reshape(2, 2),
+             "t": (1, "x", b"\x00"), 7: {1.5, 2.5}, "f": np.float32(0.5), "n": None, "empty": torch.zeros(0, 3)}
+    back = tree.unpack(tree.pack(value))
+    assert list(back) == list(value) and back["t"] == (1, "x", b"\x00") and back[7] == {1.5, 2.5}
+    assert back["w"].dtype == torch.bfloat16 and torch.equal(back["w"], value["w"])
+    assert back["a"].dtype == np.uint16 and (back["a"] == value["a"]).all() and back["a"].flags.writeable
+    assert type(back["f"]) is np.float32 and back["n"] is None and back["empty"].shape == (0, 3)
+
+
+def test_a_tree_with_an_object_of_its_own_class_is_rejected_naming_the_class():
+    from app.loader.side import encode
+
+    with pytest.raises(SampleRejected, match="'meta'.*datetime.date cannot travel"):
+        encode(Field("meta", "tree"), {"when": __import__("datetime").date(2026, 1, 1)})
+    with pytest.raises(SampleRejected, match="object array"):
+        encode(Field("meta", "tree"), [np.array([None])])
+
+
 def test_a_value_that_cannot_be_a_tensor_or_json_needs_a_spec():
     with pytest.raises(ValueError, match="'obj'"):
         Spec.infer({"obj": object()})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,16 +27,23 @@ class Contender:
     seconds: float | None = None  # its own measured time (None: the benchmark's)
 
 
-def interleaved(contenders: list[Contender], rounds: int, seconds: float, warmup: float) -> dict[str, Any]:
-    """Every contender ``rounds`` times, rotating the order each round, after one discarded warm-up each."""
+def interleaved(contenders: list[Contender], rounds: int, seconds: float, warmup: float,
+                at_once: int = 1) -> dict[str, Any]:
+    """Every contender ``rounds`` times, rotating the order each round, after one discarded warm-up each.
+
+    ``at_once`` > 1 runs that many contenders side by side: only for ``--quick``, which checks that
+    everything runs and measures nothing (they share the CPUs).
+    """
     if warmup > 0:
         for c in contenders:
             c.run(min(warmup, c.seconds or seconds))
     runs: dict[str, list[dict[str, Any]]] = {c.row: [] for c in contenders}
-    for r in range(rounds):
-        k = r % len(contenders)
-        for c in contenders[k:] + contenders[:k]:
-            runs[c.row].append(c.run(c.seconds or seconds))
+    with ThreadPoolExecutor(max(1, at_once)) as pool:
+        for r in range(rounds):
+            k = r % len(contenders)
+            order = contenders[k:] + contenders[:k]
+            for c, result in zip(order, pool.map(lambda c: c.run(c.seconds or seconds), order)):
+                runs[c.row].append(result)
     return {c.row: summarize(runs[c.row]) for c in contenders}  # table order, not run order
 
 

@@ -38,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=5, help="rounds; contenders interleaved in a rotating order")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of each contender's discarded warm-up run")
     p.add_argument("--quick", action="store_true",
-                   help="one round, no warm-up run, at most 1 s each: checks that everything runs (not a measurement)")
+                   help="one round, no warm-up run, at most 1 s each, two contenders at a time: checks that everything "
+                        "runs (not a measurement)")
     p.add_argument("--raw-samples", type=int, default=1024, help="1 MiB samples in the raw workload")
     p.add_argument("--jpeg-samples", type=int, default=4000)
     p.add_argument("--sample-size", default="1MiB")
@@ -175,13 +176,18 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             shutil.copytree(src, dst)
             shards = os.path.join(dst, "*.tar")
             results["workloads"][workload] = interleaved(_contenders(workload, shards, args), args.rounds,
-                                                                args.seconds, args.warmup)
+                                                                args.seconds, args.warmup, _at_once(args))
             shutil.rmtree(dst)
         results["cuda_copy"] = _cuda_copy_bandwidth()
     finally:
         shutil.rmtree(shm_root, ignore_errors=True)
     results["targets"] = targets(results, args.workers)
     return results
+
+
+def _at_once(args: argparse.Namespace) -> int:
+    """Contenders run side by side: two with --quick (a check, not a measurement), else one at a time."""
+    return 2 if args.quick else 1
 
 
 def _contenders(workload: str, shards: str, args: argparse.Namespace) -> list[Contender]:
@@ -224,7 +230,8 @@ def _scaling_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]
     single = Contender("1 core, draft", lambda t: _contender("single-core", "jpeg", shards, args, seconds=t),
                        min(args.seconds, 5.0))
     try:
-        rows = interleaved([feedline(w) for w in counts] + [single], args.rounds, args.seconds, args.warmup)
+        rows = interleaved([feedline(w) for w in counts] + [single], args.rounds, args.seconds, args.warmup,
+                           _at_once(args))
     finally:
         shutil.rmtree(dst)
     return {"cpus": cpus, "workers": counts, "rows": rows}
@@ -256,7 +263,7 @@ def _e2e_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
     if cuda:  # the compressed bytes in the ring, decoded on the GPU
         rows.insert(2, c("feedline (GPU decode)", "feedline", "--device-decode"))
     try:
-        out = interleaved(rows, args.rounds, args.seconds, 0.0 if args.quick else args.warmup)
+        out = interleaved(rows, args.rounds, args.seconds, 0.0 if args.quick else args.warmup, _at_once(args))
     finally:
         shutil.rmtree(dst)
     return {"model": args.e2e_model, "batch_size": args.e2e_batch_size, "steps": steps, "rows": out}

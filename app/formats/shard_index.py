@@ -21,9 +21,11 @@ from .files import atomic_write
 INDEX_VERSION = 1
 INDEX_SUFFIX = ".idx"
 
-# WebDataset's rule: the key is the path up to the first dot of the last
-# component; the rest (possibly with more dots, "seg.png") is the extension.
-_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+# webdataset's rules (tariterators.base_plus_ext, tar_file_iterator), to the letter: the key is the
+# path up to the first dot of the last component; the rest (possibly with more dots, "seg.png") is the
+# extension, lowercased. Top-level "__name__" members and paths starting "__...__/" are metadata.
+_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_META = re.compile(r"__[^/]*__($|/)")
 
 
 class ShardError(Exception):
@@ -77,7 +79,9 @@ class ShardIndex:
 
 
 def split_key(name: str) -> tuple[str, str] | None:
-    """Split a member name into (key, extension); None for names without one."""
+    """Split a member name into (key, extension); None for names without one, and for metadata."""
+    if _META.match(name) or ("/" not in name and name.startswith("__") and name.endswith("__")):
+        return None
     m = _KEY_EXT.match(name)
     if m is None:
         return None
@@ -120,7 +124,7 @@ def build_index(path: str, fd: int | None = None) -> ShardIndex:
                         f"{info.offset_data + info.size}, the file has {shard_bytes}",
                     )
                 parts = split_key(info.name)
-                if parts is None or os.path.basename(parts[0]).startswith("__"):
+                if parts is None:
                     continue
                 k, ext = parts
                 if k != key or ext in fields:

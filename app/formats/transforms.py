@@ -12,7 +12,7 @@ import random
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from .decoders import IMAGE_EXTENSIONS
+from .decoders import IMAGE_EXTENSIONS, format_of
 
 
 class Uniform(Protocol):
@@ -44,7 +44,7 @@ def random_box(width: int, height: int, scale: tuple[float, float], ratio: tuple
 def _image_fields(sample: dict[str, Any], fields: Sequence[str] | None) -> list[str]:
     if fields is not None:
         return list(fields)
-    return [k for k in sample if k.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS]
+    return [k for k in sample if format_of(k) in IMAGE_EXTENSIONS]
 
 
 class RandomResizedCrop:

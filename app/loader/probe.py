@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +55,7 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
         for ref in index.samples:
             for ext, (_, size) in ref.fields.items():
                 found.largest[ext] = max(found.largest.get(ext, 0), size)
+        _check_packages(decoder, _decoded(found.largest, selection, wanted), path)
         refs = index.samples[:PROBE_PER_SHARD]
         if not refs:
             continue
@@ -70,6 +71,25 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
                 continue
             found.samples.append(sample)
     return found
+
+
+def _decoded(extensions: Iterable[str], selection: FieldSelection, wanted: set[str] | None) -> set[str]:
+    """The extensions a worker decodes, of those a shard has."""
+    exts = set(extensions)
+    if selection.extensions is not None:
+        return exts & selection.extensions
+    return exts if wanted is None else exts & wanted
+
+
+def _check_packages(decoder: Decoder, extensions: set[str], path: str) -> None:
+    """Refuse, before any worker starts, members whose decoder needs a package that is not installed."""
+    missing = decoder.missing_packages(sorted(extensions))
+    if missing:
+        ext, package = next(iter(missing.items()))
+        raise SettingError("decode", f"{path} has '.{ext}' members, and decoding them needs the {package} package, "
+                                     f"which is not installed: pip install {package} (feedline depends on it; an "
+                                     f"install with --no-deps leaves it out), or leave the field out "
+                                     f"(fields=[...]), or pass decode={{'{ext}': your_function}}")
 
 
 def _capacities(found: Probe, selection: FieldSelection, transform: Transform | None) -> dict[str, int]:

@@ -1,11 +1,11 @@
-"""Fields that are not tensors travel beside the ring slot: text, JSON and bytes, never pickled.
+"""Fields that are not tensors travel beside the ring slot: text, JSON, bytes and trees, never pickled.
 
 Each slot has a side region of ``side_bytes`` per sample and a row of lengths
 per sample (one int32 per side field). The worker filling the slot packs each
 sample's side values back to back — the sample key first, always — and the
 trainer reads the used bytes once, into lists (``batch["__key__"]``,
 ``batch["txt"]``, ...), before the slot is reused. Text travels as UTF-8, JSON
-as JSON text, bytes as they are. A sample's values may take ``side_bytes`` in all.
+as JSON text, bytes as they are, trees as msgpack (``app.loader.tree``). A sample's values may take ``side_bytes`` in all.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from . import tree
 from .spec import Field, SampleRejected
 
 KEY = Field("__key__", "text")  # every batch has the keys of its samples
@@ -37,6 +38,12 @@ def encode(field: Field, value: Any) -> bytes:
         except (TypeError, ValueError) as exc:
             raise SampleRejected("shape_mismatch", f"field {field.name!r} cannot travel as JSON ({exc}); convert "
                                                    f"it in your transform") from None
+    if field.dtype == "tree":
+        try:
+            return tree.pack(value)
+        except tree.TreeError as exc:
+            raise SampleRejected("shape_mismatch", f"field {field.name!r}: {exc}; convert it in your "
+                                                   f"transform") from None
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, np.ndarray) and value.dtype == np.uint8:
@@ -97,6 +104,8 @@ def read(views: dict[str, np.ndarray], n: int, fields: tuple[Field, ...]) -> tup
             out[f.name] = [blob[a:b].decode("utf-8") for a, b in spans]
         elif f.dtype == "json":
             out[f.name] = [json.loads(blob[a:b]) for a, b in spans]
+        elif f.dtype == "tree":
+            out[f.name] = [tree.unpack(blob[a:b]) for a, b in spans]
         else:
             out[f.name] = [blob[a:b] for a, b in spans]
     return out, total

@@ -4,8 +4,9 @@ A spec is declared by the user or inferred from the first samples and then
 enforced for every sample. Tensor fields live in the shared-memory ring;
 variable-length ones are padded along their first axis to a capacity and get a
 ``<name>_len`` field holding the length. Fields that cannot be tensors — kinds
-``text`` (str), ``json`` (any JSON value) and ``bytes`` — travel beside the
-slot, encoded without pickle, and reach the loop as lists (``app.loader.side``).
+``text`` (str), ``json`` (any JSON value), ``bytes`` and ``tree`` (nested values
+with arrays, tensors, bytes, tuples: msgpack, CBOR, ``.pth``, ``.npz`` members) — travel
+beside the slot, encoded without pickle, and reach the loop as lists (``app.loader.side``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from ..formats.decoders import JSON_EXTENSIONS, TREE_EXTENSIONS, format_of
+
 LENGTH_SUFFIX = "_len"
-SIDE_KINDS = ("text", "json", "bytes")  # fields that travel beside the slot as plain data
+SIDE_KINDS = ("text", "json", "bytes", "tree")  # fields that travel beside the slot as plain data
 
 
 class SampleRejected(Exception):
@@ -60,7 +63,7 @@ class Field:
 
     @property
     def side(self) -> bool:
-        """It travels beside the slot (text, json, bytes), not as a tensor."""
+        """It travels beside the slot (text, json, bytes, tree), not as a tensor."""
         return self.dtype in SIDE_KINDS
 
     @cached_property
@@ -237,30 +240,43 @@ def _is_image(value: Any) -> bool:
     return hasattr(value, "getbands") and hasattr(value, "size")
 
 
+def _json_safe(value: Any) -> bool:
+    """JSON carries it and gives it back equal (no tuples, bytes, arrays or non-str keys)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return type(value) in (type(None), bool, int, float, str)
+    if type(value) is list:
+        return all(_json_safe(v) for v in value)
+    if type(value) is dict:
+        return all(type(k) is str and _json_safe(v) for k, v in value.items())
+    return False
+
+
 def _side_kind(key: str, value: Any) -> str | None:
-    ext = key.rsplit(".", 1)[-1]
-    if ext in ("json", "jsn"):
+    fmt = format_of(key)
+    if fmt in JSON_EXTENSIONS:
         return "json"
     if isinstance(value, str):
         return "text"
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "bytes"
-    if value is None or isinstance(value, (list, tuple)) or (
-            isinstance(value, dict) and not any(isinstance(v, np.ndarray) for v in value.values())):
-        return "json"
+    if value is None or isinstance(value, (list, tuple, dict, set, frozenset)):
+        return "tree" if fmt in TREE_EXTENSIONS or not _json_safe(value) else "json"
     return None
 
 
 def infer_field(key: str, values: Sequence[Any], capacity: int = 0) -> Field:
     """One field from its values in several samples.
 
-    Strings become ``text``, bytes ``bytes``, JSON members and other dicts/lists ``json``;
+    Strings become ``text``, bytes ``bytes``, JSON members and dicts/lists JSON carries ``json``,
+    other nested values (msgpack, CBOR, ``.pth``, ``.npz``, ``.ten`` members, tuples, arrays inside) ``tree``;
     everything else must be an array of one dtype. Arrays of one shape make a fixed field;
     1-D arrays of several lengths a variable one, with room for 1.25x the longest seen (or
     ``capacity``, the longest member the shard indexes know of), rounded up to a power of two.
     Images or arrays of several shapes cannot be batched: refused, with the fix named.
     """
     kinds = {_side_kind(key, v) for v in values}
+    if kinds == {"json", "tree"}:  # some samples' values need more than JSON: all travel as trees
+        kinds = {"tree"}
     if len(kinds) > 1:
         raise ValueError(f"field {key!r} holds values of different kinds in different samples "
                          f"({', '.join(sorted(str(k or 'array') for k in kinds))}); pass spec= to say which")
