@@ -269,6 +269,7 @@ class Decoder:
             raise TypeError(
                 f"decode: expected True, False or a dict of extension -> function, got {type(decode).__name__}"
             )
+        self._resolved: dict[str, DecodeFn] = {}  # extension -> its decoder, worked out once per extension
 
     def __call__(self, ext: str, data: memoryview) -> Any:
         return self.function(ext)(data)
@@ -280,10 +281,13 @@ class Decoder:
         ``.gz`` member is gunzipped and decoded by what it wraps; then the last part (``seg.png`` -> png);
         else bytes.
         """
-        fn = self._table.get(ext)
-        if fn is not None:
-            return fn
-        if self._table and (ext == "gz" or ext.endswith(GZIP_SUFFIX)):
+        fn = self._resolved.get(ext)
+        if fn is None:
+            fn = self._resolved[ext] = self._resolve(ext)
+        return fn
+
+    def _resolve(self, ext: str) -> DecodeFn:
+        if ext not in self._table and self._table and (ext == "gz" or ext.endswith(GZIP_SUFFIX)):
             inner = ext[: -len(GZIP_SUFFIX)]
             return Gunzip(self._plain(inner) if inner else decode_bytes)
         return self._plain(ext)
