@@ -1,26 +1,31 @@
 """feedline: keeps GPUs fed from tar shards through a shared-memory staging loader.
 
-Names are imported lazily so that worker processes, which import ``app`` to
-find their entry point, never pay for importing torch.
+Names are imported lazily so that worker processes, which import ``feedline`` to
+find their entry point, never pay for importing torch. The version comes from the
+installed package's metadata, so it is the one ``pip`` shows.
 """
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Any
 
-__version__ = "0.1.0"
+try:
+    __version__ = metadata.version("feedline")
+except metadata.PackageNotFoundError:  # the source folder imported without an install
+    __version__ = "0+unknown"
 __all__ = ["StagingLoader", "LoaderSettings", "DeviceDecode", "Spec", "Field", "Rank", "LoaderError", "SettingError",
            "__version__"]
 
 _LAZY = {
-    "StagingLoader": "app.api",
-    "LoaderSettings": "app.loader.settings",
-    "DeviceDecode": "app.loader.settings",
-    "Spec": "app.loader.spec",
-    "Field": "app.loader.spec",
-    "Rank": "app.loader.rank",
-    "LoaderError": "app.loader.errors",
-    "SettingError": "app.errors",
+    "StagingLoader": ".api",
+    "LoaderSettings": ".loader.settings",
+    "DeviceDecode": ".loader.settings",
+    "Spec": ".loader.spec",
+    "Field": ".loader.spec",
+    "Rank": ".loader.rank",
+    "LoaderError": ".loader.errors",
+    "SettingError": ".errors",
 }
 
 
@@ -28,5 +33,5 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'app' has no attribute {name!r}")
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
-"""What ``from app import StagingLoader`` gives: the library loader, plus a metrics endpoint on request.
+"""What ``from feedline import StagingLoader`` gives: the library loader, plus a metrics endpoint on request.
 
-The library's ``app.loader.loader.StagingLoader`` serves nothing and knows no
+The library's ``feedline.loader.loader.StagingLoader`` serves nothing and knows no
 Prometheus; this front wires the face's parts to it: with ``metrics_port=`` it
 starts this process's ``/metrics``, ``/healthz`` and ``/readyz`` (the port is
 bound first, so one in use is refused before any worker starts) and hands the
@@ -15,7 +15,7 @@ from typing import Any
 
 from .config import Config, ConfigError
 from .loader import loader
-from .loader.rank import Rank
+from .loader.plan.rank import Rank
 from .metrics.catalog import LOADER
 from .metrics.exporter import Exporter
 from .sink import StatsSink, combine

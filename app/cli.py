@@ -225,8 +225,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     cfg = Config.load(args)
     _setup_logging("WARNING")
+    from .loader.layout.side import KEY_ONLY_SIDE_BYTES
     from .loader.settings import default_ring_slots
-    from .loader.side import KEY_ONLY_SIDE_BYTES
     from .preflight import (
         check_docker,
         check_gpu,
@@ -238,7 +238,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from .sampler.settings import DEFAULT_CACHE
 
     cache = cfg.cache or DEFAULT_CACHE
-    from .loader.autotune import resolved
+    from .loader.tune.autotune import resolved
 
     most = resolved(cfg.workers, cfg.transfer_threads, "cpu", cfg.max_workers or None)  # auto's ring: its most
     slots = cfg.ring_slots or default_ring_slots(*most)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .loader.rank import Rank
+from .loader.plan.rank import Rank
 from .loader.settings import LoaderSettings
 from .sampler.settings import DEFAULT_CACHE, SidecarSettings
 

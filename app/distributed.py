@@ -51,7 +51,7 @@ class Job:
         missing = [v for v in TORCHRUN_VARS if v not in env]
         if missing:
             raise ConfigError(f"WORLD_SIZE={world} but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
-                              f"not set: start the job with torchrun (torchrun --nproc-per-node=N -m app.cli train "
+                              f"not set: start the job with torchrun (torchrun --nproc-per-node=N -m feedline train "
                               f"...), which sets them all, or unset WORLD_SIZE for a single process")
         return cls(int(env["RANK"]), world, int(env["LOCAL_RANK"]), int(env.get("LOCAL_WORLD_SIZE", "1")))
 

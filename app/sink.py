@@ -3,7 +3,7 @@
 The loader and the sampler report what happens as it happens, by metric name
 (DESIGN.md, Metrics, without the ``feedline_`` prefix), to a sink they are
 given: ``inc`` a counter, ``set`` a gauge, ``observe`` a histogram. They never
-know who listens. ``app.metrics.PrometheusSink`` turns the pushes into
+know who listens. ``feedline.metrics.PrometheusSink`` turns the pushes into
 ``/metrics``; ``NullSink`` (the default) costs one no-op call.
 """
 

@@ -25,7 +25,7 @@ from .checkpoint import CheckpointDir, random_states, restore_random_states
 from .config import Config
 from .distributed import Job, anyone, barrier, gather_json
 from .formats.transforms import RandomResizedCrop
-from .loader.resume import RANKS_FORMAT
+from .loader.plan.resume import RANKS_FORMAT
 from .loader.settings import DeviceDecode
 from .loader.stats import LoaderStats
 

@@ -24,7 +24,7 @@ import tarfile
 
 import numpy as np
 
-from app import StagingLoader
+from feedline import StagingLoader
 
 RATE = 16_000  # samples per second of the clips, and of the demo's
 

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from app import StagingLoader
-from app.formats.transforms import RandomResizedCrop
+from feedline import StagingLoader
+from feedline.formats.transforms import RandomResizedCrop
 
 log = logging.getLogger("train")
 

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from helpers import N_SHARDS, children_of, id_shards, shm_entries  # noqa: E402
 
-from app.demo.store import FileStore  # noqa: E402
+from feedline.demo.store import FileStore  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from app import StagingLoader
+from feedline import StagingLoader
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for the stacks before it kills
 

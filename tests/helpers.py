@@ -15,7 +15,7 @@ import urllib.request
 
 import numpy as np
 
-from app.demo.procs import free_port
+from feedline.demo.procs import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_SHARDS = 10  # shards of the remote dataset fixture (conftest: data)
@@ -138,7 +138,7 @@ def publish_copy(store, data, k: int):
 
 
 def manifest_ids(cache: str) -> list[str]:
-    from app.cache.manifest import read_manifest
+    from feedline.cache.manifest import read_manifest
 
     try:
         return [s.id for s in read_manifest(cache).shards]
@@ -153,7 +153,7 @@ class Sampler:
         self.port = port or free_port()
         source = source or f"{remote.url}/ids-{{0000..{N_SHARDS - 1:04d}}}.tar"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "sample", "--source", source,
+            [sys.executable, "-m", "feedline", "sample", "--source", source,
              "--cache", cache, "--metrics-port", str(self.port), "--progress", "false", "--retries", "1", *args],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, **env} if env else None)

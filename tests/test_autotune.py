@@ -7,10 +7,10 @@ import time
 import pytest
 from helpers import Slow, id_shards
 
-from app import StagingLoader
-from app.config import Config, ConfigError
-from app.errors import SettingError
-from app.loader import autotune, tuner
+from feedline import StagingLoader
+from feedline.config import Config, ConfigError
+from feedline.errors import SettingError
+from feedline.loader.tune import autotune, tuner
 
 
 def test_a_cgroup_quota_is_read_in_cpus(tmp_path):
@@ -176,7 +176,7 @@ def test_max_workers_is_for_auto_only():
 
 
 def test_a_loaded_state_gives_auto_its_worker_count_up_to_the_most_and_says_if_it_was_the_first_epoch():
-    from app.loader.resume import saved_workers
+    from feedline.loader.plan.resume import saved_workers
 
     first = {"workers": 3, "plan": {"epoch": 0}, "finished": False}
     later = {"workers": 6, "plan": {"epoch": 2}, "finished": False}

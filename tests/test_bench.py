@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
     out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
     run = subprocess.run(
-        [sys.executable, "-m", "app.cli", "bench", "--quick", "--seconds", "0.5", "--workers", "1", "--raw-samples", "48",
+        [sys.executable, "-m", "feedline", "bench", "--quick", "--seconds", "0.5", "--workers", "1", "--raw-samples", "48",
          "--jpeg-samples", "48", "--sample-size", "64KiB", "--json", str(out_json), "--markdown", str(out_md),
          # the distributed workload is scripts/two-nodes twice, which tests/test_distributed.py runs already
          "--workloads", "raw,jpeg,captioned,scaling,sampler",
@@ -45,7 +45,7 @@ def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
 def test_the_end_to_end_row_trains_a_model_fed_three_ways(tmp_path):
     out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
     run = subprocess.run(
-        [sys.executable, "-m", "app.cli", "bench", "--quick", "--workers", "1", "--jpeg-samples", "48",
+        [sys.executable, "-m", "feedline", "bench", "--quick", "--workers", "1", "--jpeg-samples", "48",
          "--sample-size", "64KiB", "--json", str(out_json), "--markdown", str(out_md), "--workloads", "e2e",
          "--e2e-model", "tiny", "--e2e-batch-size", "8", "--host", "test-host"],
         capture_output=True, text=True, cwd=ROOT, timeout=600)
@@ -59,7 +59,7 @@ def test_the_end_to_end_row_trains_a_model_fed_three_ways(tmp_path):
 
 
 def test_rounds_interleave_in_a_rotating_order_after_a_warm_up_and_report_medians_and_ranges():
-    from app.bench.rounds import Contender, interleaved, ratio
+    from feedline.bench.rounds import Contender, interleaved, ratio
 
     calls = []
 

@@ -8,14 +8,14 @@ import threading
 import pytest
 from helpers import publish_copy, shard_bytes
 
-from app.cache.manifest import read_manifest, shard_path
-from app.cache.store import BudgetError, CacheStore
-from app.demo.store import Fault
-from app.formats.shard_index import ShardError
-from app.formats.urls import expand
-from app.sampler.fetch import Fetcher, FetchError, RateLimiter
-from app.sampler.policy import FillPolicy, GrowPolicy, shard_plan
-from app.sampler.sources import SourceError, SourceShard, list_shards
+from feedline.cache.manifest import read_manifest, shard_path
+from feedline.cache.store import BudgetError, CacheStore
+from feedline.demo.store import Fault
+from feedline.formats.shard_index import ShardError
+from feedline.formats.urls import expand
+from feedline.sampler.fetch import Fetcher, FetchError, RateLimiter
+from feedline.sampler.policy import FillPolicy, GrowPolicy, shard_plan
+from feedline.sampler.sources import SourceError, SourceShard, list_shards
 
 # -- sources and plans ----------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers import id_shards
 
-from app import StagingLoader
+from feedline import StagingLoader
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
@@ -58,7 +58,7 @@ def test_device_tensors_survive_the_next_batches(gpu_shards):
 def test_device_decode_decodes_jpegs_on_the_gpu_with_labels_aligned(tmp_path):
     from test_device_decode import COLORS, _color_of, solid_jpeg
 
-    from app.loader.device_decode import pick_backend
+    from feedline.loader.device.device_decode import pick_backend
 
     try:
         pick_backend("auto", torch.device("cuda"))

@@ -20,9 +20,9 @@ import pytest
 import torch
 from PIL import Image
 
-from app import SettingError, StagingLoader
-from app.formats.decoders import Decoder, UnsafeMemberError
-from app.formats.shard_index import build_index
+from feedline import SettingError, StagingLoader
+from feedline.formats.decoders import Decoder, UnsafeMemberError
+from feedline.formats.shard_index import build_index
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PICKLE = b"\x80\x04K\x01."
@@ -288,7 +288,7 @@ def test_a_users_decoder_takes_over_an_extension_and_gunzipped_members_reach_it(
 def test_a_member_whose_decoders_package_is_missing_is_refused_at_construction_naming_it(tmp_path):
     paths = shardwriter_shards(str(tmp_path), shards=1, per_shard=2)
     code = ("import sys; sys.modules['cbor2'] = None\n"
-            "from app import StagingLoader, SettingError\n"
+            "from feedline import StagingLoader, SettingError\n"
             f"try:\n    StagingLoader({paths!r}, batch_size=2, workers=1)\n"
             "except SettingError as exc:\n    print('REFUSED', exc)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -20,7 +20,7 @@ def _demo_data(tmp_path, shards=6, per_shard=30):
 
 
 def _demo(data, cache, *extra):
-    return [sys.executable, "-m", "app.cli", "demo", "--data", str(data), "--cache", str(cache),
+    return [sys.executable, "-m", "feedline", "demo", "--data", str(data), "--cache", str(cache),
             "--initial-shards", "2", "--grow-shards", "2", "--min-shards", "2", "--batch-size", "16",
             "--image-size", "32", "--progress", "false", *extra]
 

@@ -9,7 +9,7 @@ import tempfile
 
 import yaml
 
-from app.loader.rank import Rank
+from feedline.loader.plan.rank import Rank
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K8S = os.path.join(ROOT, "deploy", "k8s")
@@ -186,7 +186,7 @@ def test_the_multinode_job_is_one_torchrun_job_whose_node_rank_is_the_completion
     service, job, _ = multinode()
     spec = job["spec"]["template"]["spec"]
     trainer = spec["containers"][0]
-    assert trainer["command"][-1] == "torchrun" and trainer["args"][-3:] == ["-m", "app.cli", "train"]
+    assert trainer["command"][-1] == "torchrun" and trainer["args"][-3:] == ["-m", "feedline", "train"]
     flags = torchrun_flags(trainer)
     assert int(flags["nnodes"]) == job["spec"]["completions"] == job["spec"]["parallelism"]
     env = {e["name"]: e for e in trainer["env"]}
@@ -262,7 +262,7 @@ def test_the_dockerfile_builds_pillow_simd_apart_and_ships_no_build_tools():
 # -- preflight on a real small tmpfs ----------------------------------------------------------------------
 
 def test_doctor_names_shm_size_and_sizelimit_when_the_budget_does_not_fit(small_tmpfs):
-    out = subprocess.run([sys.executable, "-m", "app.cli", "doctor", "--cache", str(small_tmpfs / "feedline"),
+    out = subprocess.run([sys.executable, "-m", "feedline", "doctor", "--cache", str(small_tmpfs / "feedline"),
                           "--budget", "256MiB"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     text = " ".join((out.stdout + out.stderr).split())
     assert out.returncode == 1
@@ -271,7 +271,7 @@ def test_doctor_names_shm_size_and_sizelimit_when_the_budget_does_not_fit(small_
 
 
 def test_doctor_passes_a_budget_that_fits(small_tmpfs):
-    out = subprocess.run([sys.executable, "-m", "app.cli", "doctor", "--cache", str(small_tmpfs / "feedline"),
+    out = subprocess.run([sys.executable, "-m", "feedline", "doctor", "--cache", str(small_tmpfs / "feedline"),
                           "--budget", "16MiB", "--fetch-threads", "1", "--batch-size", "8"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert "FAIL" not in out.stdout + out.stderr
@@ -282,7 +282,7 @@ def test_the_sampler_refuses_to_start_into_a_bus_error(small_tmpfs, tmp_path):
     from helpers import id_shards
 
     id_shards(str(tmp_path / "remote"), shards=2, per_shard=5)
-    out = subprocess.run([sys.executable, "-m", "app.cli", "sample", "--source", str(tmp_path / "remote"),
+    out = subprocess.run([sys.executable, "-m", "feedline", "sample", "--source", str(tmp_path / "remote"),
                           "--cache", str(small_tmpfs / "feedline"), "--budget", "256MiB", "--metrics-port", "0"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     text = " ".join(out.stderr.split())

@@ -10,8 +10,8 @@ import pytest
 import torch
 from helpers import jpeg_bytes, write_tar
 
-from app import DeviceDecode, StagingLoader
-from app.formats.transforms import Compose, RandomResizedCrop
+from feedline import DeviceDecode, StagingLoader
+from feedline.formats.transforms import Compose, RandomResizedCrop
 
 SPEC = {"jpg": ("uint8", (16, 16, 3)), "cls": "int64", "noise": ("float64", (3,))}
 

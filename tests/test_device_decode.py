@@ -12,10 +12,10 @@ import torch
 from helpers import wds_shards, write_tar
 from PIL import Image
 
-from app import StagingLoader
-from app.errors import SettingError
-from app.loader.device_decode import DeviceDecoder, crop_box, pick_backend
-from app.loader.settings import DeviceDecode
+from feedline import StagingLoader
+from feedline.errors import SettingError
+from feedline.loader.device.device_decode import DeviceDecoder, crop_box, pick_backend
+from feedline.loader.settings import DeviceDecode
 
 COLORS = [(220, 30, 30), (30, 200, 40), (40, 60, 220), (230, 220, 40), (200, 40, 210)]
 
@@ -124,7 +124,7 @@ def test_device_decode_settings_are_refused_with_the_setting_named(colored):
 
 
 def test_images_nothing_can_decode_count_against_the_failure_budget(tmp_path):
-    from app import LoaderError
+    from feedline import LoaderError
 
     samples = [(f"k{i:03d}", {"jpg": solid_jpeg(COLORS[0], (16, 16)) if i % 2 else b"\xff\xd8 broken" * 4,
                               "cls": b"0"}) for i in range(40)]

@@ -31,12 +31,12 @@ def torchrun(*args, env=None, timeout=300):
 
 
 def _port():
-    from app.demo.procs import free_port
+    from feedline.demo.procs import free_port
 
     return free_port()
 
 
-TRAIN = ["-m", "app.cli", "train", "--batch-size", "4", "--image-size", "16", "--workers", "1", "--progress",
+TRAIN = ["-m", "feedline", "train", "--batch-size", "4", "--image-size", "16", "--workers", "1", "--progress",
          "false", "--metrics-port", "0", "--dist-timeout", "60"]
 
 
@@ -70,8 +70,8 @@ def test_uneven_shards_give_every_rank_the_same_steps_and_no_hang(tmp_path):
 
 @pytest.mark.parametrize("mode, pick", [("pad", max), ("drop", min)])
 def test_equal_batches_gives_every_rank_the_largest_or_the_smallest_count(tmp_path, mode, pick):
-    from app.loader.plan import EpochPlan
-    from app.loader.rank import Rank
+    from feedline.loader.plan.epoch_plan import EpochPlan
+    from feedline.loader.plan.rank import Rank
 
     data = jpeg_shards(str(tmp_path / "data"), [30, 8, 8])  # 3 shards for 2 ranks: never an even split
     shards = sorted(glob.glob(data))
@@ -88,7 +88,7 @@ EPOCHS = textwrap.dedent("""
     import json, sys
     import torch
     import torch.distributed as dist
-    from app import StagingLoader
+    from feedline import StagingLoader
     mode = sys.argv[2]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -157,7 +157,7 @@ def test_a_rank_that_dies_ends_the_job_with_an_error_instead_of_a_hang(tmp_path)
         deadline = time.monotonic() + 120
         ranks = []
         while len(ranks) < 2 and time.monotonic() < deadline:  # the two trainer processes, once training
-            ranks = [p for p in descendants(proc.pid) if "app.cli" in _cmdline(p) and "train" in _cmdline(p)]
+            ranks = [p for p in descendants(proc.pid) if "feedline" in _cmdline(p) and "train" in _cmdline(p)]
             time.sleep(0.5)
         time.sleep(3)
         os.kill(max(ranks), signal.SIGKILL)  # a rank dies: a GPU fault, an OOM kill
@@ -181,7 +181,7 @@ def _cmdline(pid):
 
 
 def test_world_size_without_torchrun_is_refused_with_the_fix_named():
-    out = subprocess.run([sys.executable, "-m", "app.cli", "train", "--shards", "x"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", "x"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, env={**os.environ, "WORLD_SIZE": "4"})
     assert out.returncode == 2
     assert "WORLD_SIZE=4 but RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are not set" in out.stderr
@@ -210,7 +210,7 @@ def test_a_ddp_job_stopped_by_sigterm_resumes_and_trains_every_sample_once(tmp_p
 AUTO = textwrap.dedent("""
     import json, logging, sys
     import torch.distributed as dist
-    from app import StagingLoader
+    from feedline import StagingLoader
     from sleepy import Sleepy
 
     logging.basicConfig(level=logging.INFO)

@@ -13,9 +13,9 @@ import time
 import pytest
 from helpers import ROOT, children_of, id_shards, shm_entries
 
-from app import StagingLoader
-from app.loader import launch
-from app.loader.errors import LoaderError
+from feedline import StagingLoader
+from feedline.loader.workers import launch
+from feedline.loader.errors import LoaderError
 
 SHARDS, PER_SHARD = 4, 20
 ROUNDS = os.environ.get("FEEDLINE_FORK_RACE_ROUNDS")  # 50: the acceptance run, in both races
@@ -144,8 +144,8 @@ def test_a_worker_that_never_finishes_starting_ends_in_a_loader_error_with_its_s
 
 def test_the_loops_wait_on_the_device_queue_ends_naming_a_transfer_thread_that_holds_a_batch_too_long():
     """The CUDA hand-off's bound, on any host: a transfer thread stuck in a copy is named, with its stack."""
-    from app.loader.transfer import DeviceQueue
-    from app.loader.watchdog import Heartbeat
+    from feedline.loader.device.transfer import DeviceQueue
+    from feedline.loader.watchdog import Heartbeat
 
     stuck = threading.Event()
     beat = Heartbeat("transfer thread 0")
@@ -207,7 +207,7 @@ def test_a_loop_waiting_while_no_worker_moves_ends_in_a_loader_error_naming_the_
 
 @pytest.mark.parametrize("value", [0, -1, "soon"])
 def test_stall_timeout_must_be_a_positive_number_of_seconds(tmp_path, value):
-    from app.errors import SettingError
+    from feedline.errors import SettingError
 
     shards = id_shards(str(tmp_path / "ids"), shards=1, per_shard=4)
     with pytest.raises(SettingError, match="stall_timeout"):
@@ -215,7 +215,7 @@ def test_stall_timeout_must_be_a_positive_number_of_seconds(tmp_path, value):
 
 
 def test_stall_timeout_comes_from_the_environment_then_the_flag_and_a_bad_one_is_refused():
-    from app.config import Config, ConfigError
+    from feedline.config import Config, ConfigError
 
     env = {"FEEDLINE_STALL_TIMEOUT": "45"}
     assert Config.load({}, env={}).loader_settings().stall_timeout == 120.0
@@ -227,7 +227,7 @@ def test_stall_timeout_comes_from_the_environment_then_the_flag_and_a_bad_one_is
 
 STOPPED_SCRIPT = """
 import os, signal, sys, threading, time
-from app import StagingLoader
+from feedline import StagingLoader
 from helpers import Slow
 
 def ctrl_z():  # while the workers start and the loop waits: the trainer, its threads and workers stop together

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from helpers import jpeg_bytes, write_tar
 
-from app.formats.decoders import DecodeError, Decoder, UnsafeMemberError, decode_npy
-from app.formats.shard_index import ShardError, build_index, load_index, write_index
-from app.formats.transforms import RandomResizedCrop
+from feedline.formats.decoders import DecodeError, Decoder, UnsafeMemberError, decode_npy
+from feedline.formats.shard_index import ShardError, build_index, load_index, write_index
+from feedline.formats.transforms import RandomResizedCrop
 
 LONG_DIR = "a-rather-long-directory-name-that-pushes-member-paths-past-the-ustar-limit/" * 2
 
@@ -37,7 +37,7 @@ def _read(path):
 
 
 def test_pillow_in_use_is_pillow_simd_with_libjpeg_turbo():
-    from app.preflight import check_pillow_simd
+    from feedline.preflight import check_pillow_simd
 
     check = check_pillow_simd()
     assert check.ok, check.detail
@@ -191,7 +191,7 @@ def test_make_shards_packs_a_folder_and_a_list_file(tmp_path):
     listing.write_text("".join(f"folder/img{i}.jpg {i % 2}\n" for i in range(6)))
     env = dict(os.environ)
     for src, out in ((folder, tmp_path / "out1"), (listing, tmp_path / "out2")):
-        subprocess.run([sys.executable, "-m", "app.cli", "make-shards", str(src), str(out), "--shard-size", "20KiB"],
+        subprocess.run([sys.executable, "-m", "feedline", "make-shards", str(src), str(out), "--shard-size", "20KiB"],
                        check=True, env=env, capture_output=True)
         shards = sorted(str(p) for p in out.glob("*.tar"))
         assert len(shards) >= 2

@@ -10,8 +10,8 @@ import pytest
 import torch
 from helpers import Slow, children_of, id_samples, id_shards, jpeg_bytes, write_tar
 
-from app import LoaderError, Rank, StagingLoader
-from app.formats.transforms import RandomResizedCrop
+from feedline import LoaderError, Rank, StagingLoader
+from feedline.formats.transforms import RandomResizedCrop
 
 ID_SPEC = {"cls": "int64", "bin": ("uint8", (64,))}
 
@@ -280,7 +280,7 @@ def test_a_spec_that_does_not_match_the_data_is_refused(shards):
 
 
 def test_a_ring_larger_than_memory_is_refused(shards):
-    from app.preflight import memory_budget
+    from feedline.preflight import memory_budget
 
     per_slot = memory_budget().available // 8  # 16 slots: twice the memory left
     with pytest.raises(ValueError, match="ring_slots"):
@@ -357,7 +357,7 @@ class _NumpyJitter:
 def test_the_same_seed_gives_the_same_augmentations(tmp_path):
     path = write_tar(str(tmp_path / "img.tar"), [(f"k{i:03d}", {"jpg": jpeg_bytes(i), "cls": str(i).encode()})
                                                   for i in range(24)])
-    from app.formats.transforms import Compose
+    from feedline.formats.transforms import Compose
 
     runs = []
     for _ in range(2):
@@ -479,9 +479,9 @@ class _Kept:
     """A real ring and KeptBatches over it, the loop's part played by the test (no workers)."""
 
     def __init__(self, spare=2, slots=4):
-        from app.loader.kept import KeptBatches
-        from app.loader.ring import BatchRing, RingLayout
-        from app.loader.spec import Spec
+        from feedline.loader.ring.kept import KeptBatches
+        from feedline.loader.ring.batch_ring import BatchRing, RingLayout
+        from feedline.loader.layout.spec import Spec
 
         self.ring = BatchRing(RingLayout(Spec.parse({"x": ("float32", (3,))}), 4), slots, 1)
         self.released = []

@@ -15,14 +15,14 @@ import yaml
 from helpers import ROOT, Sampler, id_shards, jpeg_bytes, wait_for, write_tar
 from prometheus_client import generate_latest
 
-from app import StagingLoader
-from app.demo.procs import free_port
-from app.demo.prometheus import PrometheusServer
-from app.demo.store import FileStore
-from app.metrics import dashboard
-from app.metrics.catalog import LOADER, SAMPLER
-from app.metrics.exporter import MetricsPortError
-from app.metrics.sink import PrometheusSink
+from feedline import StagingLoader
+from feedline.demo.procs import free_port
+from feedline.demo.prometheus import PrometheusServer
+from feedline.demo.store import FileStore
+from feedline.metrics import dashboard
+from feedline.metrics.catalog import LOADER, SAMPLER
+from feedline.metrics.exporter import MetricsPortError
+from feedline.metrics.sink import PrometheusSink
 
 PROM = os.path.join(ROOT, "deploy", "prometheus")
 ALLOWED_LABELS = {"queue", "state", "stage", "reason", "kind", "version", "rank", "le"}
@@ -143,7 +143,7 @@ def test_a_metric_name_outside_the_catalog_is_a_bug_not_a_new_series():
 def test_the_loader_pushes_its_stats_to_the_sink_it_is_given(tmp_path):
     shards = id_shards(str(tmp_path / "ids"), shards=2, per_shard=20)
     sink = PrometheusSink(LOADER)
-    from app.loader.loader import StagingLoader as LibraryLoader
+    from feedline.loader.loader import StagingLoader as LibraryLoader
 
     with LibraryLoader(shards, batch_size=8, workers=2, sink=sink) as loader:
         for _ in loader:
@@ -222,7 +222,7 @@ def test_the_dashboard_shows_only_exported_metrics_and_every_exported_metric_som
 
 TRAINER = textwrap.dedent("""
     import sys, time
-    from app import StagingLoader
+    from feedline import StagingLoader
 
     class SlowDecode:
         def __init__(self, seconds):

@@ -1,9 +1,9 @@
 """The epoch plan and the scheduler, on their own: no processes, no ring."""
 
-from app.loader.messages import DONE, END, BatchResult
-from app.loader.plan import EpochPlan, WorkerPlan
-from app.loader.rank import Rank
-from app.loader.scheduler import EpochEnd, ReadyBatch, Scheduler
+from feedline.loader.workers.messages import DONE, END, BatchResult
+from feedline.loader.plan.epoch_plan import EpochPlan, WorkerPlan
+from feedline.loader.plan.rank import Rank
+from feedline.loader.workers.scheduler import EpochEnd, ReadyBatch, Scheduler
 
 SHARDS = [f"/data/s-{i:03d}.tar" for i in range(13)]
 

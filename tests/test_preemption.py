@@ -18,7 +18,7 @@ from helpers import ROOT, children_of, jpeg_bytes, shm_entries, wait_for, write_
 # right after): the signal lands exactly there, every time.
 AT = textwrap.dedent("""
     import atexit, os, signal, sys, time
-    import app.checkpoint, app.cli, app.config, app.loader.loader, app.train
+    import feedline.checkpoint, feedline.cli, feedline.config, feedline.loader.loader, feedline.train
 
     def term():
         os.kill(os.getpid(), signal.SIGTERM)
@@ -33,24 +33,24 @@ AT = textwrap.dedent("""
 
     moment = sys.argv[1]
     if moment == "settings":  # before anything is built
-        real_load = app.config.Config.load.__func__
-        app.config.Config.load = classmethod(lambda cls, *a, **k: (term(), real_load(cls, *a, **k))[1])
+        real_load = feedline.config.Config.load.__func__
+        feedline.config.Config.load = classmethod(lambda cls, *a, **k: (term(), real_load(cls, *a, **k))[1])
     elif moment == "loader":  # while the loader starts: its ring made, its workers starting
-        class Pool(app.loader.loader.WorkerPool):
+        class Pool(feedline.loader.loader.WorkerPool):
             def __init__(self, *a, **k):
                 super().__init__(*a, **k)
                 term()
-        app.loader.loader.WorkerPool = Pool
+        feedline.loader.loader.WorkerPool = Pool
     elif moment == "step":  # in the middle of the third step's forward pass
         calls = []
-        before(app.train.DemoNet, "forward", lambda *a: calls.append(1) or len(calls) == 3)
+        before(feedline.train.DemoNet, "forward", lambda *a: calls.append(1) or len(calls) == 3)
     elif moment == "save":  # in the middle of a periodic checkpoint
-        before(app.checkpoint.CheckpointDir, "save")
+        before(feedline.checkpoint.CheckpointDir, "save")
     elif moment == "summary":
-        before(app.train, "print_summary")
+        before(feedline.train, "print_summary")
     elif moment == "exit":  # after main returned, in the interpreter's way out
         atexit.register(lambda: (term(), time.sleep(0.5)))
-    sys.exit(app.cli.main(sys.argv[2:]))
+    sys.exit(feedline.cli.main(sys.argv[2:]))
 """)
 
 
@@ -104,7 +104,7 @@ def test_a_sigterm_at_any_moment_exits_0_leaving_nothing(tmp_path, jpegs, moment
     assert wait_for(lambda: not in_session(proc.pid), 10), "a process of the trainer outlived it"
     assert shm_entries() - shm == set()
     if moment == "step":  # what was trained is saved, and a resume goes on from it
-        again = subprocess.run([sys.executable, "-m", "app.cli", *train_args(jpegs, ckpt, "--resume")], cwd=ROOT,
+        again = subprocess.run([sys.executable, "-m", "feedline", *train_args(jpegs, ckpt, "--resume")], cwd=ROOT,
                                capture_output=True, text=True, timeout=120)
         assert again.returncode == 0 and "resuming from" in again.stderr, again.stderr[-3000:]
 
@@ -126,7 +126,7 @@ def _equal(a, b):
 
 
 def test_a_run_interrupted_again_and_again_ends_with_the_uninterrupted_runs_weights(tmp_path, jpegs):
-    whole = subprocess.run([sys.executable, "-m", "app.cli", *train_args(jpegs, str(tmp_path / "whole"))], cwd=ROOT,
+    whole = subprocess.run([sys.executable, "-m", "feedline", *train_args(jpegs, str(tmp_path / "whole"))], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr[-3000:]
     ckpt, keys = str(tmp_path / "cut"), tmp_path / "keys.txt"
@@ -138,7 +138,7 @@ def test_a_run_interrupted_again_and_again_ends_with_the_uninterrupted_runs_weig
 
     for _ in range(15):  # each start: resume, a SIGTERM at a random moment of training, now and then a worker killed
         before = trained()
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", *train_args(jpegs, ckpt, "--resume", "--step-ms",
+        proc = subprocess.Popen([sys.executable, "-m", "feedline", *train_args(jpegs, ckpt, "--resume", "--step-ms",
                                                                                "100", "--trace-keys", str(keys))],
                                 cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:

@@ -19,11 +19,11 @@ from helpers import (
     write_tar,
 )
 
-from app.config import Config, ConfigError, parse_size
+from feedline.config import Config, ConfigError, parse_size
 
 TRAINING_LOOP = textwrap.dedent("""
     import sys, time
-    from app import StagingLoader
+    from feedline import StagingLoader
     if __name__ == "__main__":
         with StagingLoader(sys.argv[1], batch_size=4, workers=2,
                            spec={"cls": "int64", "bin": ("uint8", (64,))}) as loader:
@@ -73,7 +73,7 @@ def test_demo_training_job_runs_and_writes_its_summary(tmp_path, extra):
         write_tar(str(d / f"j-{k}.tar"), [(f"k{k}{i:03d}", {"jpg": jpeg_bytes(i), "cls": str(i % 3).encode()})
                                           for i in range(40)])
     summary = tmp_path / "summary.json"
-    out = subprocess.run([sys.executable, "-m", "app.cli", "train", "--shards", str(d / "*.tar"), "--epochs", "2",
+    out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", str(d / "*.tar"), "--epochs", "2",
                           "--batch-size", "16", "--image-size", "32", "--step-ms", "5", "--summary-json",
                           str(summary), *extra], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -85,7 +85,7 @@ def test_demo_training_job_runs_and_writes_its_summary(tmp_path, extra):
 
 
 def test_cli_refuses_a_bad_setting_naming_it(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "app.cli", "train", "--shards", "x", "--workers", "0"],
+    out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", "x", "--workers", "0"],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 2
     assert "workers" in out.stderr and "minimum" in out.stderr
@@ -123,7 +123,7 @@ def test_sizes_accept_bytes_and_units():
 # -- the face speaks one language -------------------------------------------------------------------
 
 def _train(*args):
-    return subprocess.run([sys.executable, "-m", "app.cli", "train", "--progress", "false", *args],
+    return subprocess.run([sys.executable, "-m", "feedline", "train", "--progress", "false", *args],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
@@ -147,7 +147,7 @@ def test_a_refused_setting_is_one_line_with_exit_code_2_and_no_traceback(tmp_pat
 
 
 def _flags(command):
-    out = subprocess.run([sys.executable, "-m", "app.cli", command, "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "feedline", command, "--help"], capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
     return set(re.findall(r"--[a-z][a-z-]+", out.stdout))
 

@@ -12,8 +12,8 @@ import time
 import pytest
 from helpers import ROOT, id_shards, publish_copy, shard_bytes
 
-from app import SettingError, StagingLoader
-from app.cache.store import CacheStore
+from feedline import SettingError, StagingLoader
+from feedline.cache.store import CacheStore
 
 SPEC = {"cls": "int64", "bin": ("uint8", (64,))}
 
@@ -22,7 +22,7 @@ SPEC = {"cls": "int64", "bin": ("uint8", (64,))}
 # stops where `stop` says (as a preempted job would).
 SCRIPT = textwrap.dedent("""
     import json, sys
-    from app import StagingLoader
+    from feedline import StagingLoader
     a = json.loads(sys.argv[1])
     with StagingLoader(a["shards"], batch_size=8, workers=a["workers"], seed=11,
                        spec={"cls": "int64", "bin": ("uint8", (64,))}) as loader:
@@ -200,8 +200,8 @@ def test_a_state_taken_at_the_last_batch_goes_on_with_the_next_epoch(shards):
 
 
 def test_a_state_of_every_rank_resumes_this_ranks_part_or_all_of_them_elastically(caplog):
-    from app.loader.rank import Rank
-    from app.loader.resume import RANKS_FORMAT, own_state
+    from feedline.loader.plan.rank import Rank
+    from feedline.loader.plan.resume import RANKS_FORMAT, own_state
 
     states = [{"format": "feedline.loader/1", "rank": r} for r in range(2)]
     bundle = {"format": RANKS_FORMAT, "ranks": states}
@@ -233,7 +233,7 @@ def test_state_dict_is_cheap(shards):
 # -- feedline train ------------------------------------------------------------------------------------------
 
 def _train(data, ckpt, keys, *extra):
-    return [sys.executable, "-m", "app.cli", "train", "--shards", data, "--epochs", "1", "--batch-size", "4",
+    return [sys.executable, "-m", "feedline", "train", "--shards", data, "--epochs", "1", "--batch-size", "4",
             "--image-size", "32", "--checkpoint", ckpt, "--trace-keys", keys, "--progress", "false",
             "--metrics-port", "0", *extra]
 
@@ -288,6 +288,6 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint_in_use(tmp_path, jp
 
 
 def test_resume_without_a_checkpoint_directory_is_refused():
-    out = subprocess.run([sys.executable, "-m", "app.cli", "train", "--shards", "x", "--resume"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", "x", "--resume"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "checkpoint" in out.stderr

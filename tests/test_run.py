@@ -10,11 +10,11 @@ import time
 import pytest
 from helpers import ROOT, Sampler, jpeg_bytes, wait_for, write_tar
 
-from app import StagingLoader
-from app.demo.procs import free_port
-from app.demo.store import FileStore
+from feedline import StagingLoader
+from feedline.demo.procs import free_port
+from feedline.demo.store import FileStore
 
-FEEDLINE = [sys.executable, "-m", "app.cli"]
+FEEDLINE = [sys.executable, "-m", "feedline"]
 EXAMPLE = os.path.join(ROOT, "examples", "train.py")
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 

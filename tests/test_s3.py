@@ -7,8 +7,8 @@ import sys
 import pytest
 from helpers import ROOT, Sampler, id_shards, manifest_ids, wait_for, write_tar
 
-from app.demo.procs import free_port
-from app.demo.s3store import S3Store
+from feedline.demo.procs import free_port
+from feedline.demo.s3store import S3Store
 
 BUCKET = "feedline-data"
 SHARDS = 6
@@ -40,7 +40,7 @@ def sampler(s3, cache, source, samplers, **env):
 
 
 def all_ids(cache):
-    from app import StagingLoader
+    from feedline import StagingLoader
 
     seen = []
     with StagingLoader(cache=cache, batch_size=10, workers=1, spec={"cls": "int64", "bin": ("uint8", (2048,))}) as loader:
@@ -64,7 +64,7 @@ def test_a_prefix_lists_every_shard_under_it_and_nothing_else(s3, s3_shards, cac
 
 
 def test_a_shard_larger_than_a_part_arrives_whole_through_ranged_gets(s3, cache, samplers, tmp_path):
-    from app.sampler.s3 import PART
+    from feedline.sampler.s3 import PART
 
     big = write_tar(str(tmp_path / "big-0000.tar"), [(f"k{i}", {"bin": os.urandom(PART // 4)}) for i in range(6)])
     s3.client.upload_file(big, BUCKET, "big/big-0000.tar")
@@ -76,7 +76,7 @@ def test_a_shard_larger_than_a_part_arrives_whole_through_ranged_gets(s3, cache,
 
 
 def refusal(s3, cache, source, **env):
-    out = subprocess.run([sys.executable, "-m", "app.cli", "sample", "--source", source, "--cache", cache,
+    out = subprocess.run([sys.executable, "-m", "feedline", "sample", "--source", source, "--cache", cache,
                           "--metrics-port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, **s3.env(**env)})
     assert out.returncode == 2, out.stdout + out.stderr
@@ -89,7 +89,7 @@ def test_no_credentials_are_refused_naming_where_they_come_from(s3, s3_shards, c
         env.pop(name)
     saved = {k: os.environ.pop(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if k in os.environ}
     try:
-        out = subprocess.run([sys.executable, "-m", "app.cli", "sample", "--source",
+        out = subprocess.run([sys.executable, "-m", "feedline", "sample", "--source",
                               f"s3://{BUCKET}/train/ids-0000.tar", "--cache", cache, "--metrics-port", "0"],
                              cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, **env})
     finally:

@@ -11,12 +11,12 @@ from helpers import ROOT, id_shards
 
 HEADER = textwrap.dedent("""
     import sys
-    from app import StagingLoader
+    from feedline import StagingLoader
     print("top level ran", flush=True)
 """)
 
 LIBRARY_TRANSFORM = textwrap.dedent("""
-    from app.formats.transforms import Compose
+    from feedline.formats.transforms import Compose
     loader = StagingLoader(sys.argv[1], batch_size=8, workers=2, transform=Compose())
     print("samples", sum(len(b["cls"]) for b in loader), flush=True)
     loader.close()

@@ -21,12 +21,12 @@ from helpers import (
     wait_for,
 )
 
-from app import StagingLoader
-from app.cache.manifest import read_manifest, shard_path
-from app.cache.store import CacheStore
-from app.demo.procs import free_port
-from app.demo.store import Fault, FileStore
-from app.formats.shard_index import build_index
+from feedline import StagingLoader
+from feedline.cache.manifest import read_manifest, shard_path
+from feedline.cache.store import CacheStore
+from feedline.demo.procs import free_port
+from feedline.demo.store import Fault, FileStore
+from feedline.formats.shard_index import build_index
 
 SPEC = {"cls": "int64", "bin": ("uint8", (2048,))}
 
@@ -237,7 +237,7 @@ def test_start_up_refuses_a_budget_that_cannot_work(remote, cache, samplers, arg
 
 def test_start_up_refuses_an_unreachable_source(cache):
     port = free_port()
-    out = subprocess.run([sys.executable, "-m", "app.cli", "sample", "--source",
+    out = subprocess.run([sys.executable, "-m", "feedline", "sample", "--source",
                           f"http://127.0.0.1:{port}/s-{{0..3}}.tar", "--cache", cache, "--metrics-port", "0"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
@@ -268,10 +268,10 @@ def test_health_and_readiness_endpoints(remote, cache, samplers, data):
 # -- a library part on its own ---------------------------------------------------------------------------
 
 def test_the_sidecar_runs_from_its_settings_alone_and_pushes_stats_to_its_sink(remote, cache, data):
-    from app.metrics.catalog import SAMPLER
-    from app.metrics.sink import PrometheusSink
-    from app.sampler.settings import SidecarSettings
-    from app.sampler.sidecar import Sidecar
+    from feedline.metrics.catalog import SAMPLER
+    from feedline.metrics.sink import PrometheusSink
+    from feedline.sampler.settings import SidecarSettings
+    from feedline.sampler.sidecar import Sidecar
 
     sink = PrometheusSink(SAMPLER)
     settings = SidecarSettings(source=f"{remote.url}/ids-{{0000..{N_SHARDS - 1:04d}}}.tar", cache=cache,
@@ -295,8 +295,8 @@ def test_the_sidecar_runs_from_its_settings_alone_and_pushes_stats_to_its_sink(r
     ({"partition_index": 2, "partition_count": 2}, "partition_index"), ({"source": " "}, "source"),
 ])
 def test_sidecar_settings_refuse_what_cannot_work_naming_the_setting(change, setting):
-    from app.errors import SettingError
-    from app.sampler.settings import SidecarSettings
+    from feedline.errors import SettingError
+    from feedline.sampler.settings import SidecarSettings
 
     with pytest.raises(SettingError) as err:
         SidecarSettings(**{"source": "http://store/s-{0..3}.tar", **change})
@@ -306,7 +306,7 @@ def test_sidecar_settings_refuse_what_cannot_work_naming_the_setting(change, set
 def test_compressed_and_presigned_shards_are_fetched_and_published_as_plain_tars(tmp_path, cache, samplers):
     from helpers import wds_shards
 
-    from app.formats.transforms import RandomResizedCrop
+    from feedline.formats.transforms import RandomResizedCrop
 
     wds_shards(str(tmp_path / "gz"), suffix="tar.gz")
     with FileStore(str(tmp_path / "gz")) as store:
@@ -344,9 +344,9 @@ def test_a_shard_that_decompresses_beyond_the_budget_is_stopped_and_counted(tmp_
 
 
 def test_a_restarted_sidecar_goes_on_with_the_same_growth_plan(remote, cache, samplers, data):
-    from app.cache.readers import write_reader
-    from app.sampler.policy import shard_plan
-    from app.sampler.sources import list_shards
+    from feedline.cache.readers import write_reader
+    from feedline.sampler.policy import shard_plan
+    from feedline.sampler.sources import list_shards
 
     source = f"{remote.url}/ids-{{0000..{N_SHARDS - 1:04d}}}.tar"
     plan = shard_plan(list_shards(source), seed=0)

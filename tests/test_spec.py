@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from app.loader.ring import BatchRing, RingLayout
-from app.loader.spec import Field, SampleRejected, Spec, fill
+from feedline.loader.ring.batch_ring import BatchRing, RingLayout
+from feedline.loader.layout.spec import Field, SampleRejected, Spec, fill
 
 
 def test_spec_is_inferred_from_a_sample():
@@ -39,7 +39,7 @@ def test_a_number_decoded_from_a_msgpack_member_is_a_tensor():
 
 def test_trees_come_back_with_their_types_and_values():
     torch = pytest.importorskip("torch")
-    from app.loader import tree
+    from feedline.loader.layout import tree
 
     value = {"w": torch.arange(3, dtype=torch.bfloat16), "a": np.arange(4, dtype=np.uint16).reshape(2, 2),
              "t": (1, "x", b"\x00"), 7: {1.5, 2.5}, "f": np.float32(0.5), "n": None, "empty": torch.zeros(0, 3)}
@@ -51,7 +51,7 @@ def test_trees_come_back_with_their_types_and_values():
 
 
 def test_a_tree_with_an_object_of_its_own_class_is_rejected_naming_the_class():
-    from app.loader.side import encode
+    from feedline.loader.layout.side import encode
 
     with pytest.raises(SampleRejected, match="'meta'.*datetime.date cannot travel"):
         encode(Field("meta", "tree"), {"when": __import__("datetime").date(2026, 1, 1)})

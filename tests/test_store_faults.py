@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from helpers import N_SHARDS, Sampler, manifest_ids, shard_bytes, wait_for
 
-from app.demo.store import Fault
+from feedline.demo.store import Fault
 
 QUICK = ("--retries", "1", "--retry-max-seconds", "2")  # the backoff caps at 2 s so the tests stay short
 ALL = [f"ids-{k:04d}" for k in range(N_SHARDS)]

@@ -20,7 +20,7 @@ LIGHTNING = textwrap.dedent("""
     import torch
     import pytorch_lightning as pl
     from pytorch_lightning.callbacks import ModelCheckpoint
-    from app import StagingLoader
+    from feedline import StagingLoader
 
     class Model(pl.LightningModule):
         def __init__(self, shards, out):
@@ -104,7 +104,7 @@ ACCELERATE = textwrap.dedent("""
     import json, os, sys
     import torch
     from accelerate import Accelerator
-    from app import StagingLoader
+    from feedline import StagingLoader
 
     shards, out, stop_after, resume = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     accelerator = Accelerator(cpu=True)  # first: it starts the process group the loader splits by

@@ -6,8 +6,8 @@ import pytest
 import torch
 from helpers import wds_shards, write_tar
 
-from app import SettingError, StagingLoader
-from app.formats.transforms import RandomResizedCrop
+from feedline import SettingError, StagingLoader
+from feedline.formats.transforms import RandomResizedCrop
 
 CROP = RandomResizedCrop(32, fields=["jpg"])
 

@@ -1,4 +1,4 @@
-"""One benchmark contender, run in its own process: ``python -m app.bench.contenders NAME ...``.
+"""One benchmark contender, run in its own process: ``python -m feedline.bench.contenders NAME ...``.
 
 Each contender reads the same shards, delivers batches to a loop that does
 nothing else (an infinitely fast GPU step), and prints one JSON line:

@@ -1,5 +1,5 @@
 """The end-to-end row: a real training step fed by feedline, by ``DataLoader``, and by synthetic data already
-on the device (the ceiling): ``python -m app.bench.e2e {feedline,dataloader,synthetic} ...``.
+on the device (the ceiling): ``python -m feedline.bench.e2e {feedline,dataloader,synthetic} ...``.
 
 The step is ResNet-50 (written here: torchvision is not a dependency) on 224x224 crops of the JPEG
 workload, SGD, cross-entropy; on CUDA in bf16 autocast with channels-last inputs. Each contender

@@ -100,7 +100,7 @@ def _contender(name: str, workload: str, shards: str, args: argparse.Namespace, 
         if not os.path.isdir(STOCK_PILLOW):
             raise RuntimeError(f"{STOCK_PILLOW} is missing; run ./scripts/setup")
         env["PYTHONPATH"] = os.path.abspath(STOCK_PILLOW) + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "app.bench.contenders", name, "--workload", workload, "--shards", shards,
+    cmd = [sys.executable, "-m", "feedline.bench.contenders", name, "--workload", workload, "--shards", shards,
            "--workers", str(args.workers), "--batch-size", str(args.batch_size),
            "--seconds", str(seconds if seconds is not None else args.seconds),
            "--sample-bytes", str(parse_size(args.sample_size)), *extra]
@@ -254,7 +254,7 @@ def _e2e_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
     size = 224 if args.e2e_model == "resnet50" else 32
 
     def c(row: str, feed: str, *extra: str) -> Contender:
-        cmd = [sys.executable, "-m", "app.bench.e2e", feed, "--shards", shards, "--model", args.e2e_model,
+        cmd = [sys.executable, "-m", "feedline.bench.e2e", feed, "--shards", shards, "--model", args.e2e_model,
                "--workers", str(args.workers), "--batch-size", str(args.e2e_batch_size), "--steps", str(steps),
                "--warmup", str(warm), "--image-size", str(size), *extra]
         return Contender(row, lambda t: _run_json(cmd, dict(os.environ), "e2e", " ".join([feed, *extra])))

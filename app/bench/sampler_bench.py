@@ -23,7 +23,7 @@ class _Proc:
     """A feedline subprocess, stopped with SIGTERM (then SIGKILL) on exit."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None):
-        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", *args], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "feedline", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True,
                                      env={**os.environ, **env} if env else None)
 

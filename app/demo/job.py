@@ -96,11 +96,11 @@ def run_demo(cfg: Config, data: str, console: Any) -> int:
                           f"({sum(os.path.getsize(s) for s in shards) / 1e6:.0f} MB) from {data}")
             console.print(f"sampler: {url} -> {cache} (budget {cfg.budget / 2**20:.0f} MiB, policy {cfg.policy}); "
                           f"log in {sampler_log}")
-            sampler = subprocess.Popen([sys.executable, "-m", "app.cli", "sample",
+            sampler = subprocess.Popen([sys.executable, "-m", "feedline", "sample",
                                         *_sampler_args(cfg, url, cache, ports["sampler"])],
                                        stdout=slog, stderr=subprocess.STDOUT, env=env)
             procs.append(("sampler", sampler))
-            trainer = subprocess.Popen([sys.executable, "-m", "app.cli", "train",
+            trainer = subprocess.Popen([sys.executable, "-m", "feedline", "train",
                                         *_trainer_args(cfg, cache, summary_path, ports["trainer"])], env=env)
             procs.append(("trainer", trainer))
             while trainer.poll() is None:

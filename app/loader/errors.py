@@ -1,4 +1,4 @@
-"""The loader's runtime error (misconfiguration is ``app.errors.SettingError``), and the budget of bad samples
+"""The loader's runtime error (misconfiguration is ``feedline.errors.SettingError``), and the budget of bad samples
 an epoch may skip before it is one."""
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
+from .device.transfer import DeviceBatch, DeviceQueue, DirectHandOff
 from .errors import LoaderError
-from .kept import KeptBatches
-from .resume import Cursor
+from .plan.resume import Cursor
+from .ring.kept import KeptBatches
+from .ring.views import SlotView
 from .stats import StatsRecorder
-from .transfer import DeviceBatch, DeviceQueue, DirectHandOff
-from .views import SlotView
 
 log = logging.getLogger("feedline.loader")
 

@@ -13,6 +13,7 @@ editors and ``help()`` show them); the parts it wires live in their own files.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import weakref
@@ -25,30 +26,30 @@ from ..cache.source import CacheSource
 from ..errors import SettingError
 from ..formats.decoders import Decoder
 from ..sink import StatsSink
-from .autotune import AUTO
-from .auto import AutoWorkers
-from .coordinate import RankCoordinator
-from .device_decode import DeviceDecoder, compressed_spec, worker_decode
+from .device.device_decode import DeviceDecoder, compressed_spec, worker_decode
+from .device.transfer import DeviceQueue, DirectHandOff, TransferStage, pin_ring
 from .errors import ErrorBudget, LoaderError
-from .epochs import EpochCounter, EpochSampler
 from .iterator import Epoch, EpochIterator
-from .kept import KeptBatches
-from .launch import Launcher
+from .layout.sample import FieldSelection
+from .layout.spec import Spec
 from .pipeline import Pipeline
-from .plan import EpochPlan
-from .pool import WorkerPool
-from .probe import probe_spec, resolve_side_bytes
-from .rank import Rank
-from .resume import RANKS_FORMAT, Cursor, Resume, differing, make_state, own_state, plan_resume, saved_workers
-from .ring import BatchRing, RingHandle, RingLayout, check_ring_memory
-from .sample import FieldSelection
+from .plan.coordinate import RankCoordinator
+from .plan.epoch_plan import EpochPlan
+from .plan.epochs import EpochCounter, EpochSampler
+from .plan.rank import Rank
+from .plan.resume import RANKS_FORMAT, Cursor, Resume, differing, make_state, own_state, plan_resume, saved_workers
+from .plan.sources import PathSource, ShardSource
+from .ring.batch_ring import BatchRing, RingHandle, RingLayout, check_ring_memory
+from .ring.kept import KeptBatches
 from .settings import DeviceDecode, LoaderSettings, unknown_argument
-from .sources import PathSource, ShardSource
-from .spec import Spec
 from .stats import LoaderStats, StatsRecorder
-from .transfer import DeviceQueue, DirectHandOff, TransferStage, pin_ring
-from .tuner import WorkerTuner
-from .worker import WorkerCode, WorkerSetup
+from .tune.auto import AutoWorkers
+from .tune.autotune import AUTO
+from .tune.tuner import WorkerTuner
+from .workers.launch import Launcher
+from .workers.pool import WorkerPool
+from .workers.probe import probe_spec, resolve_side_bytes
+from .workers.worker import WorkerCode, WorkerSetup
 
 log = logging.getLogger("feedline.loader")
 
@@ -100,7 +101,8 @@ class StagingLoader:
         **unknown: Any,
     ):
         if unknown:
-            raise TypeError(unknown_argument(next(iter(unknown))))
+            known = [p for p in inspect.signature(StagingLoader.__init__).parameters if p not in ("self", "unknown")]
+            raise TypeError(unknown_argument(next(iter(unknown)), known))
         self.settings = s = LoaderSettings(
             batch_size=batch_size, workers=workers, max_workers=max_workers, transfer_threads=transfer_threads,
             ring_slots=ring_slots, device_queue=device_queue, device=str(device), zero_copy=zero_copy,

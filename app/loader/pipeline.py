@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from .coordinate import RankCoordinator
-from .device_decode import DeviceDecoder
-from .kept import KeptBatches
-from .launch import Launcher
-from .pool import WorkerPool
-from .ring import BatchRing
+from .device.device_decode import DeviceDecoder
+from .device.transfer import DeviceQueue, DirectHandOff, TransferStage
+from .plan.coordinate import RankCoordinator
+from .ring.batch_ring import BatchRing
+from .ring.kept import KeptBatches
 from .stats import StatsRecorder
-from .transfer import DeviceQueue, DirectHandOff, TransferStage
+from .workers.launch import Launcher
+from .workers.pool import WorkerPool
 
 
 class Pipeline:

@@ -16,16 +16,17 @@ from numbers import Integral, Real
 from typing import Any
 
 from ..errors import SettingError
-from . import autotune
-from .autotune import AUTO
-from .rank import Rank
+from .device.decode_settings import DeviceDecode
+from .plan.rank import Rank
+from .tune import autotune
+from .tune.autotune import AUTO
 
 log = logging.getLogger("feedline.loader")
 
-# Workers start in a fresh interpreter (app.loader.launch), as spawn does: never fork — the trainer holds
+# Workers start in a fresh interpreter (feedline.loader.workers.launch), as spawn does: never fork — the trainer holds
 # CUDA and threads — and no forkserver, which would import the training script in its server.
 START_METHODS = ("spawn",)
-EQUAL_BATCHES = ("drop", "pad", "off")  # as app.loader.coordinate.MODES
+EQUAL_BATCHES = ("drop", "pad", "off")  # as feedline.loader.plan.coordinate.MODES
 
 
 def _int(name: str, value: Any, minimum: int) -> int:
@@ -53,46 +54,6 @@ def _number(name: str, value: Any, minimum: float) -> float:
 def default_ring_slots(workers: int, transfer_threads: int, device_queue: int = 2) -> int:
     """Two slots a worker, one a transfer thread, and the batches ready ahead of the loop."""
     return 2 * workers + transfer_threads + device_queue
-
-
-CROPS = ("random", "center")
-BACKENDS = ("auto", "nvjpeg", "nvimgcodec", "pillow")
-
-
-@dataclass(frozen=True)
-class DeviceDecode:
-    """Which fields the batch stage decodes, and the size and crop every image gets.
-
-    ``crop="random"`` is Inception's random-resized crop (``scale``, ``ratio``) with a random
-    horizontal flip when ``flip``; ``"center"`` the largest centred crop of the output's aspect.
-    ``backend="auto"``: nvJPEG (torchvision) or else nvImageCodec on CUDA, Pillow on a CPU.
-    """
-
-    fields: tuple[str, ...] = ("jpg",)
-    size: int | tuple[int, int] = 224
-    crop: str = "random"
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    flip: bool = True
-    backend: str = "auto"
-
-    def __post_init__(self) -> None:
-        fields = (self.fields,) if isinstance(self.fields, str) else tuple(self.fields)
-        if not fields or not all(isinstance(f, str) and f for f in fields):
-            raise SettingError("device_decode", f"fields must name the image fields to decode, got {self.fields!r}")
-        object.__setattr__(self, "fields", fields)
-        size = (self.size, self.size) if isinstance(self.size, int) else tuple(self.size)
-        if len(size) != 2 or not all(isinstance(d, int) and d >= 1 for d in size):
-            raise SettingError("device_decode", f"size must be an int or (height, width) >= 1, got {self.size!r}")
-        object.__setattr__(self, "size", size)
-        if self.crop not in CROPS:
-            raise SettingError("device_decode", f"crop must be one of {', '.join(CROPS)}, got {self.crop!r}")
-        if self.backend not in BACKENDS:
-            raise SettingError("device_decode", f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if not 0 < self.scale[0] <= self.scale[1] <= 1 or not 0 < self.ratio[0] <= self.ratio[1]:
-            raise SettingError("device_decode", f"scale must lie in (0, 1] and ratio be positive, low to high; got "
-                                                f"scale={self.scale}, ratio={self.ratio}")
-
 
 
 @dataclass(frozen=True)
@@ -241,17 +202,16 @@ DATALOADER_EQUIVALENTS = {
 }
 
 
-def unknown_argument(name: str) -> str:
-    """The message of the TypeError for a keyword StagingLoader does not take: the equivalent, or a near name."""
+def unknown_argument(name: str, known: list[str]) -> str:
+    """The message of the TypeError for a keyword StagingLoader does not take: the equivalent, or a near name.
+
+    ``known`` is StagingLoader's own keyword list (its signature), passed in so that settings never imports
+    the loader."""
     import difflib
-    import inspect
 
     if name in DATALOADER_EQUIVALENTS:
         return (f"StagingLoader() got DataLoader's keyword argument {name!r}; here that is "
                 f"{DATALOADER_EQUIVALENTS[name]}")
-    from .loader import StagingLoader  # the one list of keywords: the signature
-
-    known = [p for p in inspect.signature(StagingLoader.__init__).parameters if p not in ("self", "unknown")]
     near = difflib.get_close_matches(name, known, n=1)
     return f"StagingLoader() got an unexpected keyword argument {name!r}" + (f"; did you mean {near[0]}=?" if near
                                                                              else "")

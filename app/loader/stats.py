@@ -2,7 +2,7 @@
 
 Updated in the trainer process only (workers send their counters with each
 batch); read by ``StagingLoader.stats()``, and pushed as they happen to the
-sink the loader was given (``app.sink.StatsSink``).
+sink the loader was given (``feedline.sink.StatsSink``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..sink import NullSink, StatsSink
-from .messages import ERROR_REASONS, RESTART_REASONS
+
+# Labels of feedline_sample_errors_total{reason}; the order is the wire order.
+ERROR_REASONS = ("corrupt", "too_large", "missing_field", "shape_mismatch", "bad_shard", "evicted", "worker_crash")
+# Skips that say nothing about the data: a shard the sampler evicted before a worker opened it (DESIGN.md:
+# "skips it with a counted warning, never a crash"). Counted, but outside the failure budget.
+BUDGET_EXEMPT = frozenset({"evicted"})
+# Labels of feedline_worker_restarts_total{reason}: a worker that died, or one that made no progress.
+RESTART_REASONS = ("crashed", "stalled")
 
 QUEUES = ("free", "decoded", "device")
 BYTE_STAGES = ("read", "decoded", "transferred")

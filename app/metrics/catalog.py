@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import __version__
-from ..loader.messages import ERROR_REASONS, RESTART_REASONS
-from ..loader.stats import BYTE_STAGES, QUEUES, TIME_BUCKETS
+from ..loader.stats import BYTE_STAGES, ERROR_REASONS, QUEUES, RESTART_REASONS, TIME_BUCKETS
 from ..sampler.errors import FETCH_ERRORS
 
 PREFIX = "feedline_"

@@ -26,6 +26,7 @@ SCHEME = "s3://"
 AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
                  "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE")
 PART = 16 << 20  # ranged GETs of this size, in parallel, for shards larger than it
+_OURS = __name__.split(".")[0] + "."  # exceptions raised by feedline itself (the installed name)
 
 
 class S3Error(Exception):
@@ -173,7 +174,7 @@ class S3Client:
             with open(dest, "wb") as f:
                 self._client.download_fileobj(bucket, key, f, Config=self._transfer, Callback=callback)
         except Exception as exc:
-            if type(exc).__module__.startswith("app."):  # the progress callback's own (a stop, a budget)
+            if type(exc).__module__.startswith(_OURS):  # the progress callback's own (a stop, a budget)
                 raise
             raise self._explain(exc, url) from None
         return written

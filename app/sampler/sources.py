@@ -1,10 +1,10 @@
-"""The shard list of a remote (or local) dataset, by the rules of ``app.formats.urls``.
+"""The shard list of a remote (or local) dataset, by the rules of ``feedline.formats.urls``.
 
 - local: a directory, glob, shard path or ``file://`` URL, or a local index file;
 - ``http(s)://`` shard URLs with brace lists (``shard-{000000..001281}.tar``) and ``::`` lists;
   presigned URLs (``...tar?X-Amz-Signature=...``) and compressed shards (``.tar.gz``) included;
 - ``s3://bucket/prefix/shard-{000000..000099}.tar``, or ``s3://bucket/prefix/`` for every shard
-  under the prefix (S3-compatible stores: ``app.sampler.s3``);
+  under the prefix (S3-compatible stores: ``feedline.sampler.s3``);
 - an index file, local, over HTTP or in S3: one shard URL or path per line, optionally followed by
   its sha256 and size in bytes (``url [sha256] [bytes]``); relative entries resolve against the index.
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..formats.shard_index import Sample, ShardError, load_index
+from ...formats.shard_index import Sample, ShardError, load_index
 
 log = logging.getLogger("feedline.loader")
 T = TypeVar("T")

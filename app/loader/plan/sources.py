@@ -1,4 +1,4 @@
-"""Where an epoch's shard list comes from: paths and globs, or a cache (``app.cache.CacheSource``).
+"""Where an epoch's shard list comes from: paths and globs, or a cache (``feedline.cache.CacheSource``).
 
 A source is anything with this small surface (``ShardSource``); the loader
 never asks which kind it has.
@@ -10,9 +10,9 @@ import os
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..errors import SettingError
-from ..formats.compressed import Inflator
-from ..formats.urls import RULES, ShardListError, expand, is_remote, local_shards
+from ...errors import SettingError
+from ...formats.compressed import Inflator
+from ...formats.urls import RULES, ShardListError, expand, is_remote, local_shards
 
 
 def default_decompress_dir() -> str:

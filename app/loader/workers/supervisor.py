@@ -27,11 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import LoaderError
-from .launch import STACK_SIGNAL, Launcher, WorkerProcess
-from .messages import READY, STOP
-from .ring import BatchRing
-from .watchdog import Heartbeat
+from ..errors import LoaderError
+from ..ring.batch_ring import BatchRing
+from ..watchdog import Heartbeat
+from .launch import Launcher, WorkerProcess
+from .messages import READY, STACK_SIGNAL, STOP
 
 log = logging.getLogger("feedline.loader")
 

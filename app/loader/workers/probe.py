@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import SettingError
-from ..formats.decoders import Decoder, UnsafeMemberError
-from ..formats.shard_index import ShardError, load_index
-from .sample import FieldSelection, Transform, load_sample
-from .side import DEFAULT_SIDE_BYTES, KEY_ONLY_SIDE_BYTES, encode
-from .spec import SampleRejected, Spec, fill
+from ...errors import SettingError
+from ...formats.decoders import Decoder, UnsafeMemberError
+from ...formats.shard_index import ShardError, load_index
+from ..layout.sample import FieldSelection, Transform, load_sample
+from ..layout.side import DEFAULT_SIDE_BYTES, KEY_ONLY_SIDE_BYTES, encode
+from ..layout.spec import SampleRejected, Spec, fill
 
 if TYPE_CHECKING:
     from .worker import WorkerCode

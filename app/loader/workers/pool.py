@@ -21,7 +21,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ErrorBudget, LoaderError
+from ..errors import ErrorBudget, LoaderError
+from ..plan.epoch_plan import EpochPlan
+from ..ring.batch_ring import OPENING, SKIPPING, BatchRing
+from ..stats import StatsRecorder
+from ..watchdog import STALL_HINT, BoundedLock, Heartbeat
 from .launch import Launcher
 from .messages import (
     DONE,
@@ -32,12 +36,8 @@ from .messages import (
     encode_epoch,
     encode_fill,
 )
-from .plan import EpochPlan
-from .ring import OPENING, SKIPPING, BatchRing
 from .scheduler import EpochEnd, EpochProgress, ReadyBatch, Scheduler
-from .stats import StatsRecorder
 from .supervisor import Supervisor
-from .watchdog import STALL_HINT, BoundedLock, Heartbeat
 
 log = logging.getLogger("feedline.loader")
 

@@ -7,20 +7,15 @@ with ``struct``; the rare epoch command is JSON. Nothing is ever unpickled.
 from __future__ import annotations
 
 import json
+import signal
 import struct
 from dataclasses import dataclass
 from typing import Any
 
-from .plan import WorkerPlan
+from ..plan.epoch_plan import WorkerPlan
+from ..stats import ERROR_REASONS  # the wire order of the per-reason counts
 
-# Labels of feedline_sample_errors_total{reason}; the order is the wire order.
-ERROR_REASONS = ("corrupt", "too_large", "missing_field", "shape_mismatch", "bad_shard", "evicted", "worker_crash")
-# Skips that say nothing about the data: a shard the sampler evicted before a worker opened it (DESIGN.md:
-# "skips it with a counted warning, never a crash"). Counted, but outside the failure budget.
-BUDGET_EXEMPT = frozenset({"evicted"})
-# Labels of feedline_worker_restarts_total{reason}: a worker that died, or one that made no progress.
-RESTART_REASONS = ("crashed", "stalled")
-
+STACK_SIGNAL = signal.SIGUSR1  # the trainer asks a worker for its stack with this (a stall, a start that hangs)
 EPOCH = b"E"  # parent -> worker: a JSON WorkerPlan; abandons any earlier epoch
 FILL = b"F"  # parent -> worker: fill this slot with your next batch
 STOP = b"S"  # parent -> worker: exit

@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import SettingError
-from ..formats.shard_index import ShardError, load_index
-from .plan import EpochPlan, stream_seed
+from ...errors import SettingError
+from ...formats.shard_index import ShardError, load_index
+from .epoch_plan import EpochPlan, stream_seed
 from .rank import Rank
 from .stream import ShardProblem, shuffle_order
 

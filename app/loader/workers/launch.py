@@ -30,9 +30,8 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SettingError
+from ...errors import SettingError
 
-STACK_SIGNAL = signal.SIGUSR1  # the trainer asks a worker for its stack with this (a stall, a start that hangs)
 
 
 @dataclass(frozen=True)
@@ -224,11 +223,11 @@ def child(header: dict[str, Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     _die_with_parent(header["trainer"])
     _close_inherited({0, 1, 2, header["conn"], header["stack"], header["code_fd"], *header["shared"]})
+    from .messages import STACK_SIGNAL, encode_fatal
+
     # armed before the user's code loads: a start that hangs there shows its stack too
     faulthandler.register(STACK_SIGNAL, file=header["stack"], all_threads=True)
     from multiprocessing.connection import Connection
-
-    from .messages import encode_fatal
 
     conn = Connection(header["conn"])
     try:
@@ -309,7 +308,7 @@ class Launcher:
                   "main_path": self.script.path if self.script else None,
                   "main_module": self.script.module if self.script else None}
         entry = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-                 "from app.loader.launch import child; child(json.loads(sys.argv[2]))")
+                 f"from {__name__} import child; child(json.loads(sys.argv[2]))")
         argv = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", entry, json.dumps(sys.path),
                 json.dumps(header)]
         try:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .ring import BatchRing
+from .batch_ring import BatchRing
 
 log = logging.getLogger("feedline.loader")
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..formats.shard_index import ShardError, load_index
+from ...formats.shard_index import ShardError, load_index
 from .rank import Rank
 
 T = TypeVar("T")

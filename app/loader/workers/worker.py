@@ -24,12 +24,20 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.decoders import DecodeError, Decoder
+from ...formats.decoders import DecodeError, Decoder
+from ..layout.sample import FieldSelection, load_sample
+from ..layout.side import SideWriter
+from ..layout.spec import SampleRejected, fill
+from ..plan.epoch_plan import WorkerPlan
+from ..plan.seeding import reseed, sample_seed
+from ..plan.stream import SampleRef, ShardProblem, open_ahead, sample_stream
+from ..ring.batch_ring import IDLE, OPENING, SKIPPING, STATUS_KEY_BYTES, BatchRing, RingHandle
 from .messages import (
     DONE,
     END,
     EPOCH,
     ERROR_REASONS,
+    STACK_SIGNAL,
     FILL,
     READY,
     STOP,
@@ -38,14 +46,6 @@ from .messages import (
     decode_fill,
     encode_fatal,
 )
-from .launch import STACK_SIGNAL
-from .plan import WorkerPlan
-from .ring import IDLE, OPENING, SKIPPING, STATUS_KEY_BYTES, BatchRing, RingHandle
-from .sample import FieldSelection, load_sample
-from .seeding import reseed, sample_seed
-from .side import SideWriter
-from .spec import SampleRejected, fill
-from .stream import SampleRef, ShardProblem, open_ahead, sample_stream
 
 log = logging.getLogger("feedline.worker")
 _REASON = {r: i for i, r in enumerate(ERROR_REASONS)}

@@ -22,16 +22,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import side
-from ..preflight import fmt_bytes
+from ...preflight import fmt_bytes
+from ..errors import LoaderError
+from ..layout import side
+from ..ring.batch_ring import BatchRing, RingLayout
+from ..ring.kept import KeptBatches
+from ..stats import StatsRecorder
+from ..watchdog import Heartbeat
+from ..workers.pool import WorkerPool
+from ..workers.scheduler import EpochEnd, ReadyBatch
 from .device_decode import DeviceDecoder
-from .errors import LoaderError
-from .kept import KeptBatches
-from .pool import WorkerPool
-from .ring import BatchRing, RingLayout
-from .scheduler import EpochEnd, ReadyBatch
-from .stats import StatsRecorder
-from .watchdog import Heartbeat
 
 log = logging.getLogger("feedline.loader")
 

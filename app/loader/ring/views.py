@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .errors import LoaderError
+from ..errors import LoaderError
 
 
 class ReleasedBatchError(LoaderError):

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import SettingError
-from ..formats.transforms import random_box
-from .sample import FieldSelection
-from .settings import DeviceDecode
-from .spec import Field, Spec, next_pow2
+from ...errors import SettingError
+from ...formats.transforms import random_box
+from ..layout.sample import FieldSelection
+from ..layout.spec import Field, Spec, next_pow2
+from .decode_settings import DeviceDecode
 
 log = logging.getLogger("feedline.loader")
 

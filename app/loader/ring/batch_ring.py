@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SettingError
-from ..preflight import fmt_bytes, memory_budget
-from .side import KEY, KEY_ONLY_SIDE_BYTES, SIDE_DATA, SIDE_LEN
-from .spec import Field, Spec
+from ...errors import SettingError
+from ...preflight import fmt_bytes, memory_budget
+from ..layout.side import KEY, KEY_ONLY_SIDE_BYTES, SIDE_DATA, SIDE_LEN
+from ..layout.spec import Field, Spec
 
 _FIELD_ALIGN = 64
 _PAGE = mmap.PAGESIZE

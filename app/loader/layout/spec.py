@@ -6,7 +6,7 @@ variable-length ones are padded along their first axis to a capacity and get a
 ``<name>_len`` field holding the length. Fields that cannot be tensors — kinds
 ``text`` (str), ``json`` (any JSON value), ``bytes`` and ``tree`` (nested values
 with arrays, tensors, bytes, tuples: msgpack, CBOR, ``.pth``, ``.npz`` members) — travel
-beside the slot, encoded without pickle, and reach the loop as lists (``app.loader.side``).
+beside the slot, encoded without pickle, and reach the loop as lists (``feedline.loader.layout.side``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.decoders import JSON_EXTENSIONS, TREE_EXTENSIONS, format_of
+from ...formats.decoders import JSON_EXTENSIONS, TREE_EXTENSIONS, format_of
 
 LENGTH_SUFFIX = "_len"
 SIDE_KINDS = ("text", "json", "bytes", "tree")  # fields that travel beside the slot as plain data
@@ -301,6 +301,6 @@ def infer_field(key: str, values: Sequence[Any], capacity: int = 0) -> Field:
         raise ValueError(
             f"field {key!r} holds images of different sizes ({seen}, ...): a batch needs one size. Add a transform "
             f"that resizes or crops them, e.g. transform=RandomResizedCrop(224, fields=[{key!r}]) "
-            f"(app.formats.transforms), or declare the field in spec= with a transform that fits it")
+            f"(feedline.formats.transforms), or declare the field in spec= with a transform that fits it")
     raise ValueError(f"field {key!r} has arrays of different shapes ({seen}, ...); a batch needs one shape: "
                      f"make them one shape in a transform, or declare a variable field in spec=")

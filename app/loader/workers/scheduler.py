@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .messages import BUDGET_EXEMPT, DONE, ERROR_REASONS, BatchResult
+from ..stats import BUDGET_EXEMPT
+from .messages import DONE, ERROR_REASONS, BatchResult
 
 _BUDGETED = tuple(reason not in BUDGET_EXEMPT for reason in ERROR_REASONS)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import SettingError
+from ...errors import SettingError
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .errors import LoaderError
+from ..errors import LoaderError
 
 log = logging.getLogger("feedline.loader")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from .pool import WorkerPool
+from ..workers.pool import WorkerPool
 from .tuner import WorkerTuner, decide
 
 log = logging.getLogger("feedline.loader")

@@ -5,7 +5,7 @@ per sample (one int32 per side field). The worker filling the slot packs each
 sample's side values back to back — the sample key first, always — and the
 trainer reads the used bytes once, into lists (``batch["__key__"]``,
 ``batch["txt"]``, ...), before the slot is reused. Text travels as UTF-8, JSON
-as JSON text, bytes as they are, trees as msgpack (``app.loader.tree``). A sample's values may take ``side_bytes`` in all.
+as JSON text, bytes as they are, trees as msgpack (``feedline.loader.layout.tree``). A sample's values may take ``side_bytes`` in all.
 """
 
 from __future__ import annotations

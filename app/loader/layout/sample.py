@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..formats.decoders import Decoder
-from ..formats.shard_index import Sample
+from ...formats.decoders import Decoder
+from ...formats.shard_index import Sample
 from .spec import SampleRejected
 
 Transform = Callable[[dict[str, Any]], dict[str, Any]]

@@ -1,0 +1,7 @@
+"""``python -m feedline``: the same command line as the ``feedline`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
