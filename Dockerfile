@@ -4,7 +4,7 @@
 #   docker build -t feedline .                                   # GPU hosts: CUDA PyTorch runtime base
 #   docker build --build-arg BASE_IMAGE=debian:bookworm-slim \
 #                --build-arg TORCH_SPEC=torch==2.13.0 -t feedline:cpu .   # any Debian/Ubuntu with Python
-#   docker build -f examples/Dockerfile -t my-training .        # your training code on top (README)
+#   docker build -f examples/Dockerfile -t my-training .        # your training code on top (docs/deployment.md)
 #
 # Build arguments:
 #   BASE_IMAGE   the runtime base; the default carries CUDA and a CUDA build of torch

@@ -21,9 +21,9 @@ _LAZY = {
     "StagingLoader": ".api",
     "LoaderSettings": ".loader.settings",
     "DeviceDecode": ".loader.settings",
-    "Spec": ".loader.spec",
-    "Field": ".loader.spec",
-    "Rank": ".loader.rank",
+    "Spec": ".loader.layout.spec",
+    "Field": ".loader.layout.spec",
+    "Rank": ".loader.plan.rank",
     "LoaderError": ".loader.errors",
     "SettingError": ".errors",
 }

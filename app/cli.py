@@ -28,6 +28,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from . import __version__
 from .config import Config, ConfigError, parse_size
 from .errors import SettingError
 from .metrics.exporter import MetricsPortError
@@ -285,6 +286,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="feedline", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"feedline {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train the demo model on shards or a cache, fed by the staging loader")

@@ -4,7 +4,7 @@ The loader owns every resource of the pipeline (processes, the ring, threads,
 pipes) through one ``Pipeline`` and frees them in ``close()``; it is also a
 context manager, and a finalizer closes a loader that was forgotten. It takes
 plain settings (``LoaderSettings``) and pushes its statistics to the sink it is
-given; it serves nothing itself (``app.StagingLoader`` adds ``metrics_port=``).
+given; it serves nothing itself (``feedline.StagingLoader`` adds ``metrics_port=``).
 
 Why this file is long: the constructor spells out every setting as a keyword (35 lines, so
 editors and ``help()`` show them); the parts it wires live in their own files.

@@ -181,7 +181,7 @@ class LoaderSettings:
         return dataclasses.replace(self, **changes)
 
 
-# DataLoader's keyword arguments, and what does their job here (README: "Coming from DataLoader").
+# DataLoader's keyword arguments, and what does their job here (docs/loader.md: "Coming from DataLoader").
 DATALOADER_EQUIVALENTS = {
     "dataset": "shards= (paths, globs, brace lists) or cache= (the sidecar's cache directory)",
     "num_workers": "workers=",
@@ -195,8 +195,8 @@ DATALOADER_EQUIVALENTS = {
     "sampler": "shuffle=, shuffle_buffer= and seed= (shards are shuffled per epoch and split by rank; there is "
                "no index-based sampler)",
     "batch_sampler": "batch_size= and drop_last= (no index-based sampler)",
-    "worker_init_fn": "the transform (it is pickled into each worker; workers seed random and numpy from "
-                      "(seed, epoch, rank, worker))",
+    "worker_init_fn": "the transform (it is pickled into each worker; before each sample a worker seeds random, "
+                      "numpy and torch from (seed, epoch, shard, key))",
     "generator": "seed=",
     "multiprocessing_context": "nothing: every worker starts in a fresh interpreter, never fork",
 }

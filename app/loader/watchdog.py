@@ -25,7 +25,7 @@ log = logging.getLogger("feedline.loader")
 
 GRACE = 2.0  # seconds a stale heartbeat must stay stale while watched (the dispatcher beats every second)
 STALL_HINT = ("If that stage is only slow here (a heavy import or a busy node), raise stall_timeout "
-              "(FEEDLINE_STALL_TIMEOUT, --stall-timeout); the troubleshooting section of the README says more")
+              "(FEEDLINE_STALL_TIMEOUT, --stall-timeout); docs/troubleshooting.md says more")
 
 
 class Heartbeat:

@@ -17,7 +17,7 @@ POLICIES = ("grow", "fill")
 
 @dataclass(frozen=True)
 class SidecarSettings:
-    """The sidecar's knobs (DESIGN.md, Growth policy; README, The sampler sidecar)."""
+    """The sidecar's knobs (DESIGN.md, Growth policy; docs/sidecar.md)."""
 
     source: str
     cache: str = DEFAULT_CACHE
