@@ -275,6 +275,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    _setup_logging("WARNING")
+    from .report.command import run
+
+    return run(args, console)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     _setup_logging("WARNING")
     from .bench.runner import main as bench_main
@@ -347,6 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dashboard", help="write the Grafana dashboard JSON generated from code")
     p.add_argument("--out", default="grafana/dashboards/feedline.json")
     p.set_defaults(func=cmd_dashboard)
+
+    from .report.command import add_arguments as report_arguments
+
+    p = sub.add_parser("report", help="a self-contained HTML report of a run, from the Prometheus that scraped it")
+    report_arguments(p)
+    p.set_defaults(func=cmd_report)
 
     from .bench.runner import add_arguments as bench_arguments
 

@@ -58,6 +58,11 @@ def id_shards(directory: str, shards: int, per_shard: int, payload: int = 64) ->
             for k in range(shards)]
 
 
+# Processes a module-scoped fixture owns across its tests (a Prometheus holding a run's scrapes): the
+# per-test leak check leaves them alone; the fixture checks them gone at its own teardown.
+KEPT_FOR_THE_MODULE: set[int] = set()
+
+
 def children_of(pid: int) -> list[int]:
     """Live processes whose parent is ``pid`` (zombies and multiprocessing's resource tracker excluded).
 

@@ -35,6 +35,10 @@ def test_the_demo_grows_the_cache_per_epoch_and_cleans_up(tmp_path):
     assert "cache per epoch, shards (size): 2 (" in out
     assert "samples/s" in out and "starvation" in out
     assert not cache.exists()
+    report = tmp_path / "report.html"  # next to the data folder, as ./scripts/run's data/report.html
+    assert f"report: {report} (" in out and report.exists()
+    page = report.read_text()
+    assert "The run, epoch by epoch" in page and page.count('class="plotly-graph-div"') >= 15
 
 
 def test_ctrl_c_stops_the_demo_its_processes_and_removes_the_cache(tmp_path):

@@ -1,28 +1,37 @@
 """Metrics, rules and the dashboard, proven against promtool and a real Prometheus."""
 
+import contextlib
+import dataclasses
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.request
+from html import escape as html_escape
+from html import unescape as html_unescape
+from html.parser import HTMLParser
 
+import numpy as np
 import pytest
 import yaml
-from helpers import ROOT, Sampler, id_shards, jpeg_bytes, wait_for, write_tar
+from helpers import KEPT_FOR_THE_MODULE, ROOT, Sampler, id_shards, jpeg_bytes, wait_for, write_tar
 from prometheus_client import generate_latest
 
 from feedline import StagingLoader
 from feedline.demo.procs import free_port
 from feedline.demo.prometheus import PrometheusServer
 from feedline.demo.store import FileStore
-from feedline.metrics import dashboard
+from feedline.metrics import dashboard, grafana
 from feedline.metrics.catalog import LOADER, SAMPLER
 from feedline.metrics.exporter import MetricsPortError
 from feedline.metrics.sink import PrometheusSink
+from feedline.report.prometheus import PrometheusAPI
 
 PROM = os.path.join(ROOT, "deploy", "prometheus")
 ALLOWED_LABELS = {"queue", "state", "stage", "reason", "kind", "version", "rank", "le"}
@@ -242,16 +251,16 @@ TRAINER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def stack(tmp_path):
-    """A store, a sampler that keeps fetching, a Prometheus; the trainer is started by the test."""
-    data = tmp_path / "remote"
+@contextlib.contextmanager
+def _stack(tmp):
+    """A store, a sampler that keeps fetching, a Prometheus; the trainer is started by the caller."""
+    data = tmp / "remote"
     data.mkdir()
     for k in range(6):
         write_tar(str(data / f"ids-{k:04d}.tar"),
                   [(f"{k}{i:04d}", {"jpg": jpeg_bytes(i), "cls": str(i).encode()}) for i in range(24)])
-    cache = str(tmp_path / "cache")
-    script = tmp_path / "trainer.py"
+    cache = str(tmp / "cache")
+    script = tmp / "trainer.py"
     script.write_text(TRAINER)
     ports = {"sampler": free_port(), "trainer": free_port()}
     procs = []
@@ -268,10 +277,16 @@ def stack(tmp_path):
             procs.append(proc)
             return proc
 
-        yield prom, start_trainer
-        for p in procs:
-            p.terminate()
-            p.communicate(timeout=30)
+        def stop():
+            for p in procs:
+                p.terminate()
+                p.communicate(timeout=30)
+            procs.clear()
+
+        try:
+            yield prom, start_trainer, stop
+        finally:
+            stop()
 
 
 def _settle(prom, seconds=8.0):
@@ -281,17 +296,107 @@ def _settle(prom, seconds=8.0):
     time.sleep(seconds)
 
 
-def test_every_panel_and_recording_rule_returns_data_and_a_slow_step_is_not_starved(stack):
-    prom, start_trainer = stack
-    start_trainer(step=0.05, decode=0)
-    _settle(prom)
-    for expr in dashboard.expressions(include_optional=False):
-        assert prom.query(substitute(expr)), f"no data for panel expression: {expr}"
+@dataclasses.dataclass
+class Run:
+    """A fed run (a 50 ms step, decoding keeps up) that Prometheus scraped from before its start until ``end``."""
+
+    prom: PrometheusServer
+    start: float
+    end: float
+    tmp: object
+
+    def interval(self):
+        # Grafana's data source for this Prometheus would say its scrape interval (1 s here; the shipped
+        # provisioning says 15 s, the shipped Prometheus's): the minimum step, and $__rate_interval from it.
+        return grafana.Interval(self.start, self.end, scrape_interval=1.0)
+
+    def range(self, expr):
+        api = PrometheusAPI(self.prom.url)
+        return [s for s in api.query_range(expr, self.start, self.end, self.interval().step) if s.values]
+
+
+@pytest.fixture(scope="module")
+def fed_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fed")
+    with _stack(tmp) as (prom, start_trainer, stop):
+        start = time.time() - 5  # the sampler's first scrapes are in the range too
+        start_trainer(step=0.05, decode=0)
+        _settle(prom)
+        end = time.time()
+        stop()  # Prometheus keeps what it scraped; the other tests get the CPUs
+        KEPT_FOR_THE_MODULE.add(prom.proc.pid)
+        try:
+            yield Run(prom, start, end, tmp)
+        finally:
+            KEPT_FOR_THE_MODULE.discard(prom.proc.pid)
+    assert prom.proc.poll() is not None, "the run's Prometheus outlived its fixture"
+
+
+@pytest.fixture
+def stack(tmp_path):
+    with _stack(tmp_path) as (prom, start_trainer, _):
+        yield prom, start_trainer
+
+
+# Queries that cannot return data on this machine, and why (the panel's other queries must).
+NEEDS_WHAT_THIS_MACHINE_LACKS = {
+    "copy p90": "CUDA: a host-to-device copy is timed only when batches go to a GPU",
+    "engine active": "DCGM: dcgm-exporter needs an NVIDIA GPU",
+    "GPU util": "DCGM: dcgm-exporter needs an NVIDIA GPU",
+}
+
+
+def panel_queries():
+    return [(p.title, q) for _, row in dashboard.ROWS for p in row for q in p.queries]
+
+
+@pytest.mark.parametrize("title, query", panel_queries(), ids=[f"{t}: {q.legend}" for t, q in panel_queries()])
+def test_every_panel_query_returns_data_over_the_run_as_grafana_sends_it(fed_run, title, query):
+    if query.legend in NEEDS_WHAT_THIS_MACHINE_LACKS:
+        pytest.skip(NEEDS_WHAT_THIS_MACHINE_LACKS[query.legend])
+    expr = grafana.substitute(query.expr, fed_run.interval())
+    assert fed_run.range(expr), f"{title}: no series with data for {expr}"
+
+
+def test_every_panel_draws_data_without_what_this_machine_lacks():
+    for _, row in dashboard.ROWS:
+        for p in row:
+            assert any(q.legend not in NEEDS_WHAT_THIS_MACHINE_LACKS for q in p.queries) or all(
+                q.optional for q in p.queries), f"{p.title} would be tested by nothing"
+
+
+def test_grafanas_substitution_of_variables_and_intervals():
+    interval = grafana.Interval(0, 3600, scrape_interval=15)  # an hour over 1000 points: a 15 s step
+    assert interval.step == 15 and interval.rate_interval == 60
+    wide = grafana.Interval(0, 86400, scrape_interval=15)  # a day: 86.4 s a point
+    assert wide.step == 86.4 and wide.rate_interval == 101.4
+    expr = dashboard._rate("feedline_samples_total")
+    assert grafana.substitute(expr, interval) == (
+        'sum (rate(feedline_samples_total{job=~".*", instance=~".*"}[60s]))')
+    chosen = grafana.Variables(job=["feedline"], instance=["a:1", "b.c:2"])
+    assert grafana.substitute(expr, wide, chosen) == (
+        'sum (rate(feedline_samples_total{job=~"feedline", instance=~"(a:1|b\\.c:2)"}[102s]))')
+    assert grafana.legend("{{stage}} {{nope}}", {"stage": "read"}) == "read "
+
+
+def test_every_recording_rule_returns_data_over_the_run(fed_run):
     for rule in recording_rules():
         if "record" in rule:
-            assert prom.wait_for(rule["record"], timeout=20), f"no data for recording rule {rule['record']}"
-    ratio = prom.value(substitute(dashboard.STARVATION))
-    assert ratio is not None and ratio < 0.2
+            assert fed_run.range(rule["record"]), f"no data for recording rule {rule['record']}"
+
+
+def test_every_alert_evaluates_over_the_run_and_every_series_it_reads_exists(fed_run):
+    for rule in recording_rules():
+        if "alert" not in rule:
+            continue
+        fed_run.range(rule["expr"])  # Prometheus accepts it over a range (a refused query raises)
+        for name in set(re.findall(r"(?<![\w:])((?:job:)?feedline_[a-z0-9_:]+)", rule["expr"])):
+            assert fed_run.range(name), f"{rule['alert']} reads {name}, which the run does not have"
+
+
+def test_a_fed_run_is_not_starved(fed_run):
+    series = fed_run.range(grafana.substitute(dashboard.STARVATION, fed_run.interval()))
+    assert series and series[0].values[-1] < 0.2, series
 
 
 def test_an_instant_step_with_slow_decoding_is_starved(stack):
@@ -303,3 +408,85 @@ def test_an_instant_step_with_slow_decoding_is_starved(stack):
     assert ratio is not None and ratio > 0.8
     assert float(recorded[0]["value"][1]) > 0.8
     assert json.dumps(recorded)
+
+
+# -- the report: the same panel queries, as a page, opened in a real browser ---------------------------------
+
+def _timeseries_panels_with_data_here():
+    return [p.title for _, row in dashboard.ROWS for p in row
+            if p.kind == "timeseries" and any(q.legend not in NEEDS_WHAT_THIS_MACHINE_LACKS for q in p.queries)]
+
+
+@pytest.fixture(scope="module")
+def report(fed_run):
+    path = fed_run.tmp / "report.html"
+    out = subprocess.run([sys.executable, "-m", "feedline", "report", "--prometheus", fed_run.prom.url,
+                          "--since", str(fed_run.start), "--until", str(fed_run.end), "--out", str(path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"report: {path} (" in out.stdout + out.stderr
+    return path
+
+
+def test_the_report_plots_every_panel_that_has_data_on_this_machine(report):
+    page = report.read_text()
+    assert page.count('class="plotly-graph-div"') == len(_timeseries_panels_with_data_here())
+    for title in _timeseries_panels_with_data_here():
+        assert html_escape(title) in page
+
+
+class _References(HTMLParser):
+    """Every URL the page's markup loads or links (the text inside <script> is code, not markup)."""
+
+    def __init__(self):
+        super().__init__()
+        self.urls = []
+
+    def handle_starttag(self, tag, attrs):
+        self.urls += [value for name, value in attrs if name in ("src", "href", "data", "srcset") and value]
+
+
+def test_the_report_needs_no_network_to_view(report):
+    page = report.read_text()
+    refs = _References()
+    refs.feed(page)
+    assert [u for u in refs.urls if not u.startswith(("#", "data:"))] == []
+    assert "Plotly.newPlot" in page and len(page) > 1_000_000  # plotly.js is in the page itself
+
+
+def test_the_report_refuses_a_prometheus_that_does_not_answer(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "feedline", "report", "--prometheus", f"http://127.0.0.1:{free_port()}",
+                          "--out", str(tmp_path / "r.html")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "did not answer" in out.stderr and "--prometheus" in out.stderr
+    assert not (tmp_path / "r.html").exists()
+
+
+def chromium(*args, timeout=120):
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert binary, "chromium is not installed (Debian package 'chromium'; ./scripts/setup installs it)"
+    profile = tempfile.mkdtemp(prefix="feedline-chromium-")
+    try:
+        return subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                               f"--user-data-dir={profile}", "--virtual-time-budget=15000",
+                               "--host-resolver-rules=MAP * ~NOTFOUND", *args],  # no network, as offline
+                              capture_output=True, text=True, timeout=timeout)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_the_report_draws_every_plot_with_data_in_headless_chromium_and_logs_no_error(report, tmp_path):
+    dom = chromium("--dump-dom", report.as_uri())
+    body = re.search(r"<body([^>]*)>", dom.stdout)
+    assert body, dom.stderr[-2000:]
+    attrs = dict(re.findall(r'(data-[a-z]+)="([^"]*)"', body.group(1)))
+    drawn = json.loads(html_unescape(attrs["data-plots"]))
+    errors = json.loads(html_unescape(attrs["data-errors"]))
+    assert errors == []
+    assert len(drawn) == len(_timeseries_panels_with_data_here()) and all(n >= 1 for n in drawn.values()), drawn
+    shot = tmp_path / "report.png"
+    chromium(f"--screenshot={shot}", "--window-size=1280,2400", "--hide-scrollbars", report.as_uri())
+    from PIL import Image
+
+    image = np.asarray(Image.open(shot).convert("L"), dtype=np.float32)
+    assert image.shape == (2400, 1280)
+    assert (image < 200).mean() > 0.02  # plots and text drawn, not a blank page

@@ -71,6 +71,29 @@ def _prometheus_starvation(prom: PrometheusServer) -> float | None:
         return None
 
 
+def _wait_for_first_scrape(prom: PrometheusServer, component: str, timeout: float = 30.0) -> None:
+    """Prometheus's first scrape lands seconds after it starts: wait, so the report covers epoch 0 too."""
+    try:
+        prom.wait_for(f'up{{component="{component}"}} == 1', timeout=timeout)
+    except (OSError, RuntimeError):
+        pass  # the run goes on; the report then starts where the scrapes do
+
+
+def _report(prom: PrometheusServer, started: float, path: str, summary: str, console: Any) -> None:
+    """The run as a page (``feedline report``), from the demo's Prometheus before it stops."""
+    from ..report.prometheus import PrometheusError
+    from ..report.report import write_report
+
+    try:
+        written = write_report(prom.url, started, time.time(), path,
+                               summary_path=summary if os.path.exists(summary) else None,
+                               title="feedline demo run")
+    except (PrometheusError, OSError) as exc:
+        console.print(f"[yellow]no report: {exc}[/yellow]")
+        return
+    console.print(f"report: {written.path} ({written.plots} plots; open it in a browser)")
+
+
 def run_demo(cfg: Config, data: str, console: Any) -> int:
     shards = sorted(glob.glob(os.path.join(data, "*.tar")))
     if not shards:
@@ -100,6 +123,9 @@ def run_demo(cfg: Config, data: str, console: Any) -> int:
                                         *_sampler_args(cfg, url, cache, ports["sampler"])],
                                        stdout=slog, stderr=subprocess.STDOUT, env=env)
             procs.append(("sampler", sampler))
+            if prom is not None:
+                _wait_for_first_scrape(prom, "sampler")
+            started = time.time()
             trainer = subprocess.Popen([sys.executable, "-m", "feedline", "train",
                                         *_trainer_args(cfg, cache, summary_path, ports["trainer"])], env=env)
             procs.append(("trainer", trainer))
@@ -124,6 +150,9 @@ def run_demo(cfg: Config, data: str, console: Any) -> int:
                 console.print(f"starvation over the run: loader {own:.3f}, Prometheus "
                               + (f"{seen:.3f} (from its scrapes of the trainer's /metrics)" if seen is not None
                                  else "not available"))
+            if prom is not None:
+                _report(prom, started, os.path.join(os.path.dirname(os.path.abspath(data)), "report.html"),
+                        summary_path, console)
             return code
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the trainer and the sampler[/yellow]")
