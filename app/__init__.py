@@ -14,11 +14,12 @@ try:
     __version__ = metadata.version("feedline")
 except metadata.PackageNotFoundError:  # the source folder imported without an install
     __version__ = "0+unknown"
-__all__ = ["StagingLoader", "LoaderSettings", "DeviceDecode", "Spec", "Field", "Rank", "LoaderError", "SettingError",
-           "__version__"]
+__all__ = ["StagingLoader", "Source", "LoaderSettings", "DeviceDecode", "Spec", "Field", "Rank", "LoaderError",
+           "SettingError", "__version__"]
 
 _LAZY = {
     "StagingLoader": ".api",
+    "Source": ".loader.plan.mixture",
     "LoaderSettings": ".loader.settings",
     "DeviceDecode": ".loader.settings",
     "Spec": ".loader.layout.spec",

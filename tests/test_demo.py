@@ -38,7 +38,10 @@ def test_the_demo_grows_the_cache_per_epoch_and_cleans_up(tmp_path):
     report = tmp_path / "report.html"  # next to the data folder, as ./scripts/run's data/report.html
     assert f"report: {report} (" in out and report.exists()
     page = report.read_text()
-    assert "The run, epoch by epoch" in page and page.count('class="plotly-graph-div"') >= 15
+    assert "The run, epoch by epoch" in page
+    # a run of seconds: the gauges are drawn; rates need more scrapes than $__rate_interval
+    # (tests/test_observability.py checks every panel of a longer run)
+    assert page.count('class="plotly-graph-div"') >= 5 and "Cache bytes vs budget" in page
 
 
 def test_ctrl_c_stops_the_demo_its_processes_and_removes_the_cache(tmp_path):

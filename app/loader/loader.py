@@ -35,10 +35,11 @@ from .layout.spec import Spec
 from .pipeline import Pipeline
 from .plan.coordinate import RankCoordinator
 from .plan.epoch_plan import EpochPlan
+from .plan.mixture import Source, check_sources
 from .plan.epochs import EpochCounter, EpochSampler
 from .plan.rank import Rank
 from .plan.resume import RANKS_FORMAT, Cursor, Resume, differing, make_state, own_state, plan_resume, saved_workers
-from .plan.sources import PathSource, ShardSource
+from .plan.sources import MixedSource, PathSource, ShardSource
 from .ring.batch_ring import BatchRing, RingHandle, RingLayout, check_ring_memory
 from .ring.kept import KeptBatches
 from .settings import DeviceDecode, LoaderSettings, unknown_argument
@@ -52,6 +53,16 @@ from .workers.probe import probe_spec, resolve_side_bytes
 from .workers.worker import WorkerCode, WorkerSetup
 
 log = logging.getLogger("feedline.loader")
+
+
+def _one_source(source: Source, decompress_dir: str | None) -> ShardSource:
+    """A mixture's source as the loader reads one: its errors name the source."""
+    try:
+        if source.cache is not None:
+            return CacheSource(source.cache)
+        return PathSource(source.shards, decompress_dir)  # type: ignore[arg-type]
+    except SettingError as exc:
+        raise SettingError("sources", f"source {source.name!r}: {exc}") from None
 
 class StagingLoader:
     """Iterate over batches (dicts of tensors); each ``for`` loop is one epoch.
@@ -68,6 +79,7 @@ class StagingLoader:
         shards: str | os.PathLike | Sequence[str | os.PathLike] | ShardSource | None = None,
         *,
         cache: str | os.PathLike | None = None,
+        sources: Sequence[Source] | None = None,
         spec: Spec | Mapping[str, Any] | None = None,
         fields: Sequence[str] | Mapping[str, str] | None = None,
         decode: bool | Mapping[str, Callable[[memoryview], Any]] = True,
@@ -114,12 +126,19 @@ class StagingLoader:
         self.device = torch.device(s.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise SettingError("device", f"{s.device!r} but CUDA is not available here; use device='cpu'")
-        if (shards is None) == (cache is None):
-            raise SettingError("shards", "give exactly one of shards= (paths or globs) or cache= (a cache directory)")
-        self.source: ShardSource = (
-            CacheSource(cache) if cache is not None
-            else shards if hasattr(shards, "snapshot") else PathSource(shards, s.decompress_dir)  # type: ignore
-        )
+        if sum(x is not None for x in (shards, cache, sources)) != 1:
+            raise SettingError("shards", "give exactly one of shards= (paths or globs), cache= (a cache directory) "
+                                         "or sources= (a mixture: feedline.Source objects)")
+        self.mixture: tuple[Source, ...] | None = None
+        if sources is not None:
+            self.mixture = check_sources(sources)
+            self.source: ShardSource = MixedSource([m.name for m in self.mixture],
+                                                   [_one_source(m, s.decompress_dir) for m in self.mixture])
+        else:
+            self.source = (
+                CacheSource(cache) if cache is not None
+                else shards if hasattr(shards, "snapshot") else PathSource(shards, s.decompress_dir)  # type: ignore
+            )
         self.rank = s.rank or Rank.detect()
         self.transform = transform
         try:
@@ -158,7 +177,8 @@ class StagingLoader:
             self.spec, probed = probe_spec(spec, first, self.source.describe(), p.launcher.code())
             if s.device_decode is not None:
                 self.spec = compressed_spec(self.spec, s.device_decode)
-            layout = RingLayout(self.spec, s.batch_size, resolve_side_bytes(s.side_bytes, self.spec, probed))
+            layout = RingLayout(self.spec, s.batch_size, resolve_side_bytes(s.side_bytes, self.spec, probed),
+                                labelled=self.mixture is not None)
             check_ring_memory(layout, s.slots, self.most_workers)
             p.ring = BatchRing(layout, s.slots, self.most_workers)
             if self.device.type == "cuda":
@@ -315,10 +335,14 @@ class StagingLoader:
             self.settings = self.settings.replace(workers=auto.stop(message))
 
     def _plan_epoch(self, epoch: int) -> EpochPlan:
+        s = self.settings
+        if isinstance(self.source, MixedSource) and self.mixture is not None:  # the epoch's draw (mixture.py)
+            shards, mix = self.source.draw(self.mixture, seed=s.seed, epoch=epoch, shuffle=s.shuffle)
+            return EpochPlan.make(shards, epoch=epoch, seed=s.seed, rank=self.rank, workers=s.workers,
+                                  shuffle=s.shuffle, mixture=mix)
         shards = self.source.snapshot()
         if not shards:
             raise LoaderError(f"no shards to read in {self.source.describe()}")
-        s = self.settings
         return EpochPlan.make(shards, epoch=epoch, seed=s.seed, rank=self.rank, workers=s.workers, shuffle=s.shuffle)
 
     # -- epochs and resume -------------------------------------------------------------------
@@ -339,7 +363,8 @@ class StagingLoader:
         s = self.settings
         return {"seed": s.seed, "batch_size": s.batch_size, "drop_last": s.drop_last, "shuffle": s.shuffle,
                 "shuffle_buffer": s.shuffle_buffer, "workers": s.workers, "rank": self.rank.rank,
-                "world_size": self.rank.world_size}
+                "world_size": self.rank.world_size,
+                "sources": [m.name for m in self.mixture] if self.mixture is not None else None}
 
     def state_dict(self) -> dict[str, Any]:
         """Where the training loop is: small plain data (JSON), for ``load_state_dict`` in a fresh loader.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ..metrics import dashboard
@@ -37,6 +38,9 @@ class PanelData:
         return any(line.values for line in self.lines)
 
 
+_TEMPLATE = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
 def collect(api: PrometheusAPI, start: float, end: float, variables: Variables = Variables(),
             scrape_interval: float | None = None, max_data_points: int = 400) -> tuple[Interval, list[PanelData]]:
     """Every panel of the dashboard over ``[start, end]`` (Unix seconds)."""
@@ -52,7 +56,7 @@ def collect(api: PrometheusAPI, start: float, end: float, variables: Variables =
                                                       interval.step)
                 found = [s for s in found if s.values]
                 if not found:
-                    data.empty.append(q.legend)
+                    data.empty.append(_TEMPLATE.sub(r"each \1", q.legend))  # "{{stage}}" -> "each stage"
                 for s in sorted(found, key=lambda s: sorted(s.labels.items())):
                     data.lines.append(Line(legend(q.legend, s.labels), s.times, s.values,
                                            right_axis=q.legend in p.right_axis))

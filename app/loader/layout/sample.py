@@ -63,10 +63,11 @@ class FieldSelection:
 
 def load_sample(data: memoryview, path: str, ref: Sample, decoder: Decoder, selection: FieldSelection,
                 wanted: set[str] | None, transform: Transform | None,
-                required: set[str]) -> tuple[dict[str, Any], int]:
+                required: set[str], source: str | None = None) -> tuple[dict[str, Any], int]:
     """Decode (only what is selected or wanted) and transform one sample; (sample, bytes read).
 
-    ``wanted`` narrows the members further where nothing but the spec reads them (no transform).
+    ``wanted`` narrows the members further where nothing but the spec reads them (no transform);
+    ``source`` (a mixture) is the sample's source name, which the transform sees as ``__source__``.
     """
     read = 0
 
@@ -77,6 +78,8 @@ def load_sample(data: memoryview, path: str, ref: Sample, decoder: Decoder, sele
         return decoder(ext, data[off : off + size])
 
     sample: dict[str, Any] = {"__key__": ref.key, "__shard__": path}
+    if source is not None:
+        sample["__source__"] = source
     if selection.names is not None:
         sample.update(selection.pick(ref, decode))
     else:

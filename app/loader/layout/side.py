@@ -20,6 +20,7 @@ from . import tree
 from .spec import Field, SampleRejected
 
 KEY = Field("__key__", "text")  # every batch has the keys of its samples
+SOURCE = Field("__source__", "text")  # a mixture's batches: each sample's source, by its name
 SIDE_LEN = "__side_len"  # (batch, fields) int32: each value's length
 SIDE_DATA = "__side"  # (batch, side_bytes) uint8: the values, back to back
 KEY_ONLY_SIDE_BYTES = 1024  # per sample, when the key is the only side field
@@ -63,11 +64,14 @@ class SideWriter:
         """A new batch: pack from the start of the slot's side region."""
         self.offset = 0
 
-    def write(self, views: dict[str, np.ndarray], i: int, key: str, sample: dict[str, Any]) -> int:
-        """Bytes written for sample row ``i``; over ``side_bytes`` it is ``too_large``, naming the field."""
-        values = [key.encode("utf-8")]
-        total = len(values[0])
-        for f in self.fields[1:]:
+    def write(self, views: dict[str, np.ndarray], i: int, key: str, sample: dict[str, Any],
+              source: str | None = None) -> int:
+        """Bytes written for sample row ``i``; over ``side_bytes`` it is ``too_large``, naming the field.
+
+        ``source`` (a mixture's sample: its source's name) goes right after the key, as the layout says."""
+        values = [key.encode("utf-8")] + ([source.encode("utf-8")] if source is not None else [])
+        total = sum(len(v) for v in values)
+        for f in self.fields[len(values):]:
             data = encode(f, sample[f.source])
             total += len(data)
             if total > self.side_bytes:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ...formats.shard_index import ShardError, load_index
+from .mixture import Mixture
 from .rank import Rank
 
 T = TypeVar("T")
@@ -90,6 +91,8 @@ class WorkerPlan:
     skip: dict[int, tuple[int, ...]] = field(default_factory=dict)  # shard ordinal -> sample indexes left out
     parts: dict[int, Part] = field(default_factory=dict)  # shard ordinal -> the part read (absent: whole)
     run: int = -1  # the pool's token for this start of the epoch (fills and results carry it); -1: the epoch
+    labels: tuple[str, ...] = ()  # per shard ordinal, its source's name (a mixture; else empty)
+    repeats: tuple[int, ...] = ()  # per shard ordinal, its pass over its source (a mixture; else empty)
 
     def __post_init__(self) -> None:
         if self.run < 0:
@@ -103,7 +106,8 @@ class WorkerPlan:
         return json.dumps({"epoch": self.epoch, "seed": self.seed, "rank": self.rank, "worker": self.worker,
                            "shards": list(self.shards), "resume": self.resume, "poison": list(self.poison),
                            "skip": {str(k): list(v) for k, v in self.skip.items()},
-                           "parts": {str(k): list(v) for k, v in self.parts.items()}, "run": self.run})
+                           "parts": {str(k): list(v) for k, v in self.parts.items()}, "run": self.run,
+                           "labels": list(self.labels), "repeats": list(self.repeats)})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "WorkerPlan":
@@ -111,28 +115,45 @@ class WorkerPlan:
         return cls(int(d["epoch"]), int(d["seed"]), int(d["rank"]), int(d["worker"]), tuple(d["shards"]),
                    int(d["resume"]), tuple(int(p) for p in d["poison"]),
                    {int(k): tuple(v) for k, v in d.get("skip", {}).items()},
-                   {int(k): (int(v[0]), int(v[1])) for k, v in d.get("parts", {}).items()}, int(d.get("run", -1)))
+                   {int(k): (int(v[0]), int(v[1])) for k, v in d.get("parts", {}).items()}, int(d.get("run", -1)),
+                   tuple(str(x) for x in d.get("labels", ())), tuple(int(x) for x in d.get("repeats", ())))
 
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """This rank's epoch: the shard snapshot, its seeded order, and each worker's share of it."""
+    """This rank's epoch: the shard snapshot, its seeded order, and each worker's share of it.
+
+    The plan splits *entries*: one source's shards are entries named by their paths; a mixture's are its
+    draw's keys (``mixture.py``: a shard read twice in an epoch is two entries), each naming its shard.
+    """
 
     epoch: int
     seed: int
     rank: Rank
     shuffle: bool
     shards: tuple[str, ...]  # the snapshot every rank split (sorted)
-    assignment: tuple[tuple[str, ...], ...]  # per worker, in reading order
-    parts: tuple[tuple[Part, ...], ...]  # per worker, the part of each shard of its assignment (``assign``)
-    skip: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # delivered before an elastic resume
+    assignment: tuple[tuple[str, ...], ...]  # per worker, entries in reading order
+    parts: tuple[tuple[Part, ...], ...]  # per worker, the part of each entry of its assignment (``assign``)
+    skip: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # per entry: delivered before, or not drawn
+    mixture: Mixture | None = None
 
     @classmethod
     def make(cls, shards: list[str] | tuple[str, ...], *, epoch: int, seed: int, rank: Rank, workers: int,
-             shuffle: bool = True, skip: Mapping[str, tuple[int, ...]] | None = None) -> "EpochPlan":
-        mine = split(epoch_order(shards, seed, epoch, shuffle), rank.rank, rank.world_size)
+             shuffle: bool = True, skip: Mapping[str, tuple[int, ...]] | None = None,
+             mixture: Mixture | None = None) -> "EpochPlan":
+        order = list(mixture.order) if mixture is not None else epoch_order(shards, seed, epoch, shuffle)
+        mine = split(order, rank.rank, rank.world_size)
         assignment, parts = assign(mine, workers)
-        return cls(epoch, seed, rank, shuffle, tuple(sorted(shards)), assignment, parts, dict(skip or {}))
+        left_out = {**(mixture.skip if mixture is not None else {}), **(skip or {})}
+        return cls(epoch, seed, rank, shuffle, tuple(sorted(shards)), assignment, parts, left_out, mixture)
+
+    def path_of(self, entry: str) -> str:
+        """The shard an entry reads."""
+        return self.mixture.entries[entry][0] if self.mixture is not None else entry
+
+    def source_of(self, entry: str) -> str | None:
+        """The name of the source an entry belongs to (None: not a mixture)."""
+        return self.mixture.names[self.mixture.entries[entry][1]] if self.mixture is not None else None
 
     @property
     def workers(self) -> int:
@@ -141,7 +162,7 @@ class EpochPlan:
     @property
     def rank_shards(self) -> int:
         """Shards this rank reads in the epoch."""
-        return len({path for a in self.assignment for path in a})
+        return len({self.path_of(entry) for a in self.assignment for entry in a})
 
     def batches(self, batch_size: int, drop_last: bool) -> int:
         """Batches this rank yields in the epoch, from the shard indexes: without ``drop_last`` each worker's
@@ -149,39 +170,46 @@ class EpochPlan:
         total = 0
         for shards, parts in zip(self.assignment, self.parts):
             n = 0
-            for path, part in zip(shards, parts):
+            for entry, part in zip(shards, parts):
                 try:
-                    count = len(load_index(path).samples)
+                    count = len(load_index(self.path_of(entry)).samples)
                 except ShardError:
                     continue
-                n += part_size(count, part) - sum(1 for i in self.skip.get(path, ()) if in_part(i, part))
+                n += part_size(count, part) - sum(1 for i in self.skip.get(entry, ()) if in_part(i, part))
             total += n // batch_size if drop_last else -(-n // batch_size)
         return total
 
     def for_worker(self, worker: int, resume: int = 0, poison: tuple[int, ...] | list[int] = (),
                    run: int = -1) -> WorkerPlan:
         mine = self.assignment[worker]
-        skip = {k: self.skip[path] for k, path in enumerate(mine) if self.skip.get(path)}
+        skip = {k: self.skip[entry] for k, entry in enumerate(mine) if self.skip.get(entry)}
         parts = {k: part for k, part in enumerate(self.parts[worker]) if part != WHOLE}
-        return WorkerPlan(self.epoch, self.seed, self.rank.rank, worker, mine, resume, tuple(sorted(poison)), skip,
-                          parts, run)
+        labels = tuple(self.source_of(e) or "" for e in mine) if self.mixture is not None else ()
+        repeats = tuple(Mixture.pass_of(e) for e in mine) if self.mixture is not None else ()
+        return WorkerPlan(self.epoch, self.seed, self.rank.rank, worker, tuple(self.path_of(e) for e in mine),
+                          resume, tuple(sorted(poison)), skip, parts, run, labels, repeats)
 
     def describe(self) -> str:
         shares = "/".join(str(len(a)) for a in self.assignment)
         split_ = next((f", each shard in {n} parts" for ps in self.parts for _, n in ps if n > 1), "")
+        mix = ""
+        if self.mixture is not None:
+            mix = ", drawing " + ", ".join(f"{n} {name}" for name, n in zip(self.mixture.names, self.mixture.drawn))
         return (f"epoch {self.epoch}, rank {self.rank.rank} of {self.rank.world_size}: {self.rank_shards} of "
                 f"{len(self.shards)} shards{split_}, workers read {shares}, seed {self.seed}"
-                f"{'' if self.shuffle else ', unshuffled'}")
+                f"{'' if self.shuffle else ', unshuffled'}{mix}")
 
     def get_state(self) -> dict[str, Any]:
         """Plain data from which ``from_state`` rebuilds this plan exactly (the assignment is derived)."""
         return {"epoch": self.epoch, "seed": self.seed, "rank": self.rank.rank, "world_size": self.rank.world_size,
                 "shuffle": self.shuffle, "workers": self.workers, "shards": list(self.shards),
-                "skip": {path: list(v) for path, v in self.skip.items()}}
+                "skip": {entry: list(v) for entry, v in self.skip.items()},
+                **({"mixture": self.mixture.get_state()} if self.mixture is not None else {})}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "EpochPlan":
         return cls.make(state["shards"], epoch=int(state["epoch"]), seed=int(state["seed"]),
                         rank=Rank(int(state["rank"]), int(state["world_size"])), workers=int(state["workers"]),
                         shuffle=bool(state["shuffle"]),
-                        skip={path: tuple(v) for path, v in state.get("skip", {}).items()})
+                        skip={entry: tuple(v) for entry, v in state.get("skip", {}).items()},
+                        mixture=Mixture.from_state(state["mixture"]) if state.get("mixture") else None)

@@ -26,6 +26,7 @@ from typing import Any
 from ...errors import SettingError
 from ...formats.shard_index import ShardError, load_index
 from .epoch_plan import EpochPlan, stream_seed
+from .mixture import Mixture
 from .rank import Rank
 from .stream import ShardProblem, shuffle_order
 
@@ -169,6 +170,10 @@ def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], setting
                                     f"all ranks saved at the same step")
     plan_state = first["plan"]
     epoch = int(plan_state["epoch"])
+    if first.get("sources") != settings.get("sources"):  # the ring carries the source names, or not: never elastic
+        raise SettingError("state", f"was saved by a loader reading sources={first.get('sources')!r}, this one reads "
+                                    f"sources={settings.get('sources')!r}; load it into a loader of the same "
+                                    f"mixture (the weights may differ: they apply from the next epoch)")
     wrong = _mismatches(first, settings)
     if wrong and not elastic:
         raise SettingError("state", f"was saved by a loader with other settings: {', '.join(wrong)}. Load it into a "
@@ -195,14 +200,16 @@ def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], setting
     count = sum(len(v) for v in delivered.values())
     log.info("resume of epoch %d by replay: %d samples were delivered before; the rest goes to %d rank(s) x %d "
              "worker(s)", epoch, count, rank.world_size, settings["workers"])
+    mixture = Mixture.from_state(plan_state["mixture"]) if plan_state.get("mixture") else None
     plan = EpochPlan.make(saved, epoch=epoch, seed=int(settings["seed"]), rank=rank, workers=int(settings["workers"]),
                           shuffle=bool(settings["shuffle"]),
-                          skip={path: tuple(sorted(v)) for path, v in delivered.items() if v})
+                          skip={entry: tuple(sorted(v)) for entry, v in delivered.items() if v}, mixture=mixture)
     return Resume(plan), epoch
 
 
 def delivered_samples(states: Sequence[Mapping[str, Any]]) -> dict[str, set[int]]:
-    """Per shard, the sample indexes the interrupted run(s) delivered: replayed from the saved streams."""
+    """Per plan entry (a shard; in a mixture, a shard in one pass), the sample indexes the interrupted run(s)
+    delivered — or that the epoch's draw left out: replayed from the saved streams."""
     counts: dict[str, int] = {p: int(n) for st in states for p, n in st.get("counts", {}).items()}
 
     def samples_of(path: str) -> int:
@@ -217,20 +224,20 @@ def delivered_samples(states: Sequence[Mapping[str, Any]]) -> dict[str, set[int]
     done: dict[str, set[int]] = {}
     for st in states:
         plan = EpochPlan.from_state(st["plan"])
-        for path, indexes in plan.skip.items():
-            done.setdefault(path, set()).update(indexes)
-        skip = {path: set(v) for path, v in plan.skip.items()}
-        for w, (shards, parts) in enumerate(zip(plan.assignment, plan.parts)):
+        for entry, indexes in plan.skip.items():
+            done.setdefault(entry, set()).update(indexes)
+        skip = {entry: set(v) for entry, v in plan.skip.items()}
+        for w, (entries, parts) in enumerate(zip(plan.assignment, plan.parts)):
             taken = st["per_worker"][w][1] if not st["finished"] else float("inf")
             if not taken:
                 continue
-            groups = ([(path, i) for i in range(k, samples_of(path), n) if i not in skip.get(path, ())]
-                      for path, (k, n) in zip(shards, parts))
+            groups = ([(entry, i) for i in range(k, samples_of(plan.path_of(entry)), n) if i not in skip.get(entry, ())]
+                      for entry, (k, n) in zip(entries, parts))
             seed = stream_seed(plan.seed, plan.epoch, plan.rank.rank, w)
             for n, item in enumerate(shuffle_order(groups, int(st["shuffle_buffer"]) if plan.shuffle else 0, seed)):
                 if n >= taken:
                     break
                 assert not isinstance(item, ShardProblem)
-                path, i = item
-                done.setdefault(path, set()).add(i)
+                entry, i = item
+                done.setdefault(entry, set()).add(i)
     return done

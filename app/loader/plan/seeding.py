@@ -18,10 +18,11 @@ import sys
 import numpy as np
 
 
-def sample_seed(seed: int, epoch: int, shard: str, key: str) -> int:
+def sample_seed(seed: int, epoch: int, shard: str, key: str, repeat: int = 0) -> int:
     """A 64-bit seed of one sample of one epoch; the shard is named by its file name, so a cache's copy of a
-    shard seeds as the store's does."""
-    text = f"feedline-sample:{seed}:{epoch}:{os.path.basename(shard)}:{key}".encode()
+    shard seeds as the store's does. ``repeat``: the pass of a mixture's source read more than once in the
+    epoch, so each repeat of a sample gets its own draws."""
+    text = f"feedline-sample:{seed}:{epoch}:{os.path.basename(shard)}:{key}{f':{repeat}' if repeat else ''}".encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 

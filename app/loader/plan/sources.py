@@ -12,7 +12,10 @@ from typing import Protocol
 
 from ...errors import SettingError
 from ...formats.compressed import Inflator
+from ...formats.shard_index import ShardError, load_index
 from ...formats.urls import RULES, ShardListError, expand, is_remote, local_shards
+from ..errors import LoaderError
+from .mixture import Mixture, Source, mix_epoch
 
 
 def default_decompress_dir() -> str:
@@ -85,3 +88,59 @@ class PathSource:
     def describe(self) -> str:
         shown = ", ".join(self.names[:3])
         return shown + (f" and {len(self.names) - 3} more" if len(self.names) > 3 else "")
+
+
+class MixedSource:
+    """The sources of a mixture (``mixture.Source``) as one ``ShardSource``: the plan asks each for its shards.
+
+    ``snapshot()`` is every source's shards together (what a resume compares and the spec is probed from);
+    ``snapshots()`` keeps them apart for the epoch's draw (``mixture.mix_epoch``).
+    """
+
+    def __init__(self, names: Sequence[str], parts: Sequence[ShardSource]):
+        self.names = tuple(names)
+        self.parts = tuple(parts)
+        self.growing = any(p.growing for p in self.parts)
+        self.last: list[list[str]] = [[] for _ in self.parts]
+
+    def snapshots(self) -> list[list[str]]:
+        self.last = [p.snapshot() for p in self.parts]
+        return self.last
+
+    def snapshot(self) -> list[str]:
+        return sorted({path for shards in self.snapshots() for path in shards})
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Samples per shard where a source knows them (a cache's manifest)."""
+        return {path: n for p in self.parts for path, n in getattr(p, "counts", {}).items()}
+
+    def wait_for(self, min_shards: int, timeout: float) -> list[str]:
+        self.last = [p.wait_for(min_shards, timeout) for p in self.parts]
+        return sorted({path for shards in self.last for path in shards})
+
+    def epoch_started(self, rank: int, epoch: int, shards: int) -> None:
+        for part, mine in zip(self.parts, self.last):  # each cache's sampler hears of its own shards
+            part.epoch_started(rank, epoch, len(mine))
+
+    def draw(self, sources: Sequence[Source], *, seed: int, epoch: int, shuffle: bool) -> tuple[list[str], Mixture]:
+        """(every source's shards, the epoch's draw from them): the samples per shard from a cache's manifest,
+        else from the shard's index."""
+        snapshots = self.snapshots()
+        known = self.counts
+
+        def count(path: str) -> int:
+            if path not in known:
+                try:
+                    known[path] = len(load_index(path).samples)
+                except ShardError:
+                    known[path] = 0  # unreadable: it gives nothing (and a worker reports it if it is drawn)
+            return known[path]
+
+        mix = mix_epoch(sources, snapshots, count, seed=seed, epoch=epoch, shuffle=shuffle)
+        if not mix.order:
+            raise LoaderError(f"no samples to draw in {self.describe()}")
+        return sorted({path for shards in snapshots for path in shards}), mix
+
+    def describe(self) -> str:
+        return "; ".join(f"{name}: {part.describe()}" for name, part in zip(self.names, self.parts))

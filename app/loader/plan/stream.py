@@ -73,6 +73,8 @@ def open_ahead(shards: list[str] | tuple[str, ...],
     (POSIX unlink semantics); only one evicted between the snapshot and this moment is lost."""
     fds = {}
     for ordinal, path in enumerate(shards[:EAGER_OPEN]):
+        if path in fds:  # read twice in the epoch (a mixture's repeat): the second read opens it again
+            continue
         if on_open is not None:
             on_open(ordinal)
         try:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ...errors import SettingError
 from ...preflight import fmt_bytes, memory_budget
-from ..layout.side import KEY, KEY_ONLY_SIDE_BYTES, SIDE_DATA, SIDE_LEN
+from ..layout.side import KEY, KEY_ONLY_SIDE_BYTES, SIDE_DATA, SIDE_LEN, SOURCE
 from ..layout.spec import Field, Spec
 
 _FIELD_ALIGN = 64
@@ -52,11 +52,12 @@ class FieldSlot:
 class RingLayout:
     """Where each field's ``(batch, *shape)`` array sits inside one slot, and the side region after them."""
 
-    def __init__(self, spec: Spec, batch_size: int, side_bytes: int = KEY_ONLY_SIDE_BYTES):
+    def __init__(self, spec: Spec, batch_size: int, side_bytes: int = KEY_ONLY_SIDE_BYTES, labelled: bool = False):
         self.spec = spec
         self.batch_size = batch_size
         self.side_bytes = side_bytes
-        self.side_fields = (KEY, *spec.side_fields)
+        self.labelled = labelled  # a mixture: each sample's source name travels after its key
+        self.side_fields = (KEY, SOURCE, *spec.side_fields) if labelled else (KEY, *spec.side_fields)
         entries: list[FieldSlot] = []
         offset = 0
 
@@ -162,7 +163,7 @@ class RingHandle:
     """What a worker process needs to map the ring: plain data (JSON), the fd inherited by its number."""
 
     def __init__(self, fd: int, size: int, spec: Spec, batch_size: int, side_bytes: int, slots: int,
-                 workers: int):
+                 workers: int, labelled: bool = False):
         self.fd = fd
         self.size = size
         self.spec = spec
@@ -170,24 +171,25 @@ class RingHandle:
         self.side_bytes = side_bytes
         self.slots = slots
         self.workers = workers
+        self.labelled = labelled
 
     @classmethod
     def of(cls, ring: BatchRing) -> "RingHandle":
         layout = ring.layout
         return cls(ring.memory.fd, ring.memory.size, layout.spec, layout.batch_size, layout.side_bytes, ring.slots,
-                   ring.workers)
+                   ring.workers, layout.labelled)
 
     def to_json(self) -> dict[str, Any]:
         return {"fd": self.fd, "size": self.size, "spec": self.spec.to_json(), "batch_size": self.batch_size,
-                "side_bytes": self.side_bytes, "slots": self.slots, "workers": self.workers}
+                "side_bytes": self.side_bytes, "slots": self.slots, "workers": self.workers, "labelled": self.labelled}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "RingHandle":
         return cls(d["fd"], d["size"], Spec.from_json(d["spec"]), d["batch_size"], d["side_bytes"], d["slots"],
-                   d["workers"])
+                   d["workers"], bool(d.get("labelled", False)))
 
     def attach(self) -> BatchRing:
-        layout = RingLayout(self.spec, self.batch_size, self.side_bytes)
+        layout = RingLayout(self.spec, self.batch_size, self.side_bytes, self.labelled)
         return BatchRing(layout, self.slots, self.workers, RingMemory(self.fd, self.size))
 
 

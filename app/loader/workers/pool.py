@@ -377,7 +377,7 @@ class WorkerPool:
         if (plan is None or hand.epoch != self._scheduler.epoch or w >= plan.workers
                 or not 0 <= hand.shard < len(plan.assignment[w])):
             return ""
-        path = plan.assignment[w][hand.shard]
+        path = plan.path_of(plan.assignment[w][hand.shard])
         if hand.pos >= 0:
             return f"decoding {path} sample {self._supervisor.key_in_hand(w)!r} (stream position {hand.pos})"
         if hand.pos == OPENING:

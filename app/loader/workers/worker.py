@@ -97,6 +97,8 @@ class _Epoch:
         self.epoch = plan.run  # the token fills and results carry: a restarted epoch has a new one
         self.seed, self.number = plan.seed, plan.epoch  # with the sample: what its random draws are seeded from
         self.poison = set(plan.poison)
+        self.labels = plan.labels  # per shard ordinal, its source's name (a mixture)
+        self.repeats = plan.repeats  # per shard ordinal, its pass over its source (a mixture)
         self.status = status
         seed = plan.stream_seed
         self.fds = open_ahead(plan.shards, self._opening)
@@ -212,7 +214,8 @@ class Worker:
             key = item.sample.key.encode()[: STATUS_KEY_BYTES - 1]
             status_key[: len(key) + 1] = np.frombuffer(key + b"\0", np.uint8)
             if self.reseed:
-                reseed(sample_seed(ep.seed, ep.number, item.shard.path, item.sample.key))
+                reseed(sample_seed(ep.seed, ep.number, item.shard.path, item.sample.key,
+                                   ep.repeats[item.shard.ordinal] if ep.repeats else 0))
             try:
                 r, d = self._write_sample(item, views, n)
                 read_bytes += r
@@ -238,13 +241,15 @@ class Worker:
 
     def _write_sample(self, item: SampleRef, views: dict[str, Any], i: int) -> tuple[int, int]:
         data = item.shard.view()
+        labels = self.epoch.labels if self.epoch is not None else ()
+        source = labels[item.shard.ordinal] if labels else None
         try:
             sample, read = load_sample(data, item.shard.path, item.sample, self.code.decoder,
-                                       self.code.selection, self.wanted, self.code.transform, self.sources)
+                                       self.code.selection, self.wanted, self.code.transform, self.sources, source)
             written = 0
             for f in self.fields:
                 written += fill(f, views[f.name], sample[f.source], views.get(f.length_name), i)
-            written += self.side.write(views, i, item.sample.key, sample)  # last: it packs, no gaps on a reject
+            written += self.side.write(views, i, item.sample.key, sample, source)  # last: packs, no gaps on a reject
             sample.clear()
             return read, written
         finally:
