@@ -56,11 +56,13 @@ class StagingLoader(loader.StagingLoader):
             source: dict[str, Any] = {"shards": shards}
         elif "cache" in kwargs:
             source = {"cache": kwargs.pop("cache")}
-        elif cfg.cache or cfg.shards:
+        elif "sources" in kwargs:
+            source = {"sources": kwargs.pop("sources")}
+        elif cfg.cache or cfg.shards or cfg.mix:
             source = cfg.loader_source()
         else:
-            raise ConfigError("StagingLoader.from_env needs data: set FEEDLINE_CACHE (the sidecar's cache) or "
-                              "FEEDLINE_SHARDS, or pass shards= / cache=")
+            raise ConfigError("StagingLoader.from_env needs data: set FEEDLINE_CACHE (the sidecar's cache), "
+                              "FEEDLINE_SHARDS or FEEDLINE_MIX, or pass shards= / cache= / sources=")
         if "metrics_port" not in kwargs:
             kwargs["metrics_port"] = cfg.trainer_port(int(os.environ.get("LOCAL_RANK", 0)))
             kwargs.setdefault("metrics_addr", cfg.metrics_addr)

@@ -62,9 +62,9 @@ def _train(args: argparse.Namespace, stop: StopSignal) -> int:
 
     job = Job.from_env(os.environ)
     _setup_logging(cfg.log_level if job.leader else "WARNING")  # under torchrun, rank 0 speaks for all
-    if not cfg.shards and not cfg.cache:
-        raise ConfigError("train needs data: set shards (--shards / FEEDLINE_SHARDS) or cache "
-                          "(--cache / FEEDLINE_CACHE)")
+    if not cfg.shards and not cfg.cache and not cfg.mix:
+        raise ConfigError("train needs data: set shards (--shards / FEEDLINE_SHARDS), cache "
+                          "(--cache / FEEDLINE_CACHE) or mix (--mix / FEEDLINE_MIX)")
     import torch
 
     from .train import build_loader, epoch_samples, print_summary, train
@@ -172,6 +172,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     _setup_logging(cfg.log_level)
     from .metrics.catalog import SAMPLER
     from .metrics.exporter import Exporter
+    from .sampler.mixed import MixedSidecar, mixture_of
     from .sampler.sidecar import Sidecar
 
     stopping = threading.Event()
@@ -182,10 +183,13 @@ def cmd_sample(args: argparse.Namespace) -> int:
     demo = DEMO_STORE in cfg.source
     if demo:
         log.info("FEEDLINE_SOURCE is unset in compose: the demo dataset, from %s (%s)", DEMO_STORE, NO_DEMO_STORE)
+    mixture = mixture_of(settings.source)  # "NAME=SOURCE@WEIGHT ...": one part of the cache per source
     with Exporter(SAMPLER, cfg.metrics_addr, cfg.port(9101), setting=Config.describe("metrics_port"),
-                  ready=lambda: (False, "starting: listing the source")) as exporter:
+                  ready=lambda: (False, "starting: listing the source"),
+                  parts=("source", *(m.name for m in mixture)) if mixture else None) as exporter:
         try:
-            sidecar = Sidecar(settings, exporter.sink)
+            sidecar: Sidecar | MixedSidecar = (MixedSidecar(settings, mixture, exporter.sink) if mixture
+                                               else Sidecar(settings, exporter.sink))
             exporter.server.ready = sidecar.ready
             _on_stop_signals(sidecar.stop)
             if stopping.is_set():

@@ -16,6 +16,7 @@ from typing import Any
 
 from .loader.plan.rank import Rank
 from .loader.settings import LoaderSettings
+from .mixing import MixError, parse_mix
 from .sampler.settings import DEFAULT_CACHE, SidecarSettings
 
 ENV_PREFIX = "FEEDLINE_"
@@ -82,6 +83,9 @@ class Config:
     # where the data is
     shards: str = setting("", "shard paths or globs, comma-separated (data/*.tar)", "data")
     cache: str = setting("", "a cache directory with manifest.json, filled by `feedline sample`", "data sampler")
+    mix: str = setting("", "datasets mixed by weight instead of shards/cache: NAME=[cache:]WHERE[@WEIGHT|#SAMPLES] "
+                           "items separated by spaces or ';' (web=cache:/dev/shm/web@0.7 cur=data/c/*.tar@0.3)",
+                       "data")
     # the staging loader
     batch_size: int = setting(64, "samples per batch", "loader", minimum=1)
     workers: int | str = setting("auto", "decode worker processes, or auto: starts with half of this rank's CPUs "
@@ -274,6 +278,14 @@ class Config:
         if self.shards and self.cache:
             raise ConfigError("shards and cache are both set: give one (FEEDLINE_SHARDS / --shards, "
                               "or FEEDLINE_CACHE / --cache)")
+        if self.mix:
+            if self.shards or self.cache:
+                raise ConfigError("mix is set with shards or cache: a mixture names its sources' shards and caches "
+                                  "itself; give mix alone (FEEDLINE_MIX / --mix)")
+            try:
+                parse_mix(self.mix)
+            except MixError as exc:
+                raise ConfigError(f"mix (FEEDLINE_MIX / --mix): {exc}") from None
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
             raise ConfigError(f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N")
 
@@ -292,7 +304,9 @@ class Config:
         return [s.strip() for s in self.shards.split(",") if s.strip()]
 
     def loader_source(self) -> dict[str, Any]:
-        """``cache=`` or ``shards=``, as the loader takes them."""
+        """``sources=``, ``cache=`` or ``shards=``, as the loader takes them."""
+        if self.mix:
+            return {"sources": parse_mix(self.mix)}
         return {"cache": self.cache} if self.cache else {"shards": self.shard_list()}
 
     def loader_settings(self) -> LoaderSettings:

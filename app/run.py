@@ -49,12 +49,16 @@ def prepare(cfg: Config) -> None:
     if simd.ok is False:
         log.warning("%s: %s (%s)", simd.name, simd.detail, simd.fix)
     if cfg.cache:
+        from .cache.mix import part_dir, wait_for_layout
         from .cache.source import CacheSource
 
-        shards = CacheSource(cfg.cache).wait_for(cfg.min_shards, cfg.wait_timeout)
-        log.info("cache %s is ready: %d shard(s), min_shards=%d", cfg.cache, len(shards), cfg.min_shards)
-    elif not cfg.shards:
-        log.warning("neither FEEDLINE_CACHE nor FEEDLINE_SHARDS is set: the command must find its data itself")
+        parts = wait_for_layout(cfg.cache, cfg.wait_timeout)  # a mixing sidecar's cache: every source's part
+        for where in [part_dir(cfg.cache, p.name) for p in parts] if parts else [cfg.cache]:
+            shards = CacheSource(where).wait_for(cfg.min_shards, cfg.wait_timeout)
+            log.info("cache %s is ready: %d shard(s), min_shards=%d", where, len(shards), cfg.min_shards)
+    elif not cfg.shards and not cfg.mix:
+        log.warning("none of FEEDLINE_CACHE, FEEDLINE_SHARDS or FEEDLINE_MIX is set: the command must find its "
+                    "data itself")
 
 
 def run(cfg: Config, argv: Sequence[str]) -> None:

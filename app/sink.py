@@ -60,3 +60,20 @@ def combine(*sinks: StatsSink | None) -> StatsSink:
     if not real:
         return NullSink()
     return real[0] if len(real) == 1 else Tee(*real)
+
+
+class Labelled:
+    """Adds fixed labels to every push (a mixing sidecar's part: ``source="web"``)."""
+
+    def __init__(self, sink: StatsSink, **labels: str):
+        self.sink = sink
+        self.labels = labels
+
+    def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
+        self.sink.inc(name, value, **labels, **self.labels)
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        self.sink.set(name, value, **labels, **self.labels)
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        self.sink.observe(name, value, **labels, **self.labels)

@@ -65,6 +65,7 @@ class EpochSummary:
     shard_bytes: int = 0  # their size: the cache's size when training from a cache
     started: float = field(default_factory=time.perf_counter)
     depth_sum: dict[str, float] = field(default_factory=lambda: {"free": 0.0, "decoded": 0.0, "device": 0.0})
+    sources: dict[str, int] = field(default_factory=dict)  # a mixture: samples trained on, per source
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
@@ -211,6 +212,8 @@ def train(cfg: Config, loader: StagingLoader,
             step += 1
             es.steps += 1
             es.samples += int(labels.shape[0])
+            for name in batch.get("__source__", ()):
+                es.sources[name] = es.sources.get(name, 0) + 1
             if trace_keys is not None:
                 trace_keys.write("".join(f"{k}\n" for k in batch["__key__"]))
             stats = loader.stats() if es.steps % 10 == 1 else None
@@ -275,8 +278,10 @@ def _across_ranks(es: EpochSummary, job: Job) -> None:
     rank's data wait and step."""
     if not job.distributed:
         return
-    rows = gather_json(job, [es.samples, es.decoded_bytes, es.seconds, es.data_wait_seconds, es.step_seconds])
+    rows = gather_json(job, [es.samples, es.decoded_bytes, es.seconds, es.data_wait_seconds, es.step_seconds,
+                             es.sources])
     worst = max(rows, key=lambda r: r[3] / (r[3] + r[4]) if r[3] + r[4] else 0.0)
+    es.sources = {name: sum(int(r[5].get(name, 0)) for r in rows) for name in sorted({n for r in rows for n in r[5]})}
     es.samples = int(sum(r[0] for r in rows))
     es.decoded_bytes = int(sum(r[1] for r in rows))
     es.seconds = max(r[2] for r in rows)
@@ -298,13 +303,15 @@ def print_summary(console: Console, summary: TrainSummary, loader: StagingLoader
     """The run's table, one row an epoch, and the loader's totals."""
     table = Table(title=f"feedline train — {summary.device}, {loader.workers} workers, "
                         f"batch {loader.batch_size}, ring {loader.ring_slots} slots")
-    for col in ("epoch", "shards", "shard MB", "samples", "seconds", "samples/s", "MB/s", "data wait s",
-                "starvation", "queues free/decoded/device (mean)", "loss"):
+    mixed = any(e.sources for e in summary.epochs)
+    for col in ("epoch", "shards", "shard MB", "samples", *(("per source",) if mixed else ()), "seconds", "samples/s",
+                "MB/s", "data wait s", "starvation", "queues free/decoded/device (mean)", "loss"):
         table.add_column(col, justify="right")
     for e in summary.epochs:
         d = e.mean_depth()
-        table.add_row(str(e.epoch), str(e.shards), f"{e.shard_bytes / 1e6:.0f}", str(e.samples), f"{e.seconds:.1f}",
-                      f"{e.samples_per_s:.0f}",
+        per_source = (" ".join(f"{name} {n}" for name, n in sorted(e.sources.items())),) if mixed else ()
+        table.add_row(str(e.epoch), str(e.shards), f"{e.shard_bytes / 1e6:.0f}", str(e.samples), *per_source,
+                      f"{e.seconds:.1f}", f"{e.samples_per_s:.0f}",
                       f"{e.mb_per_s:.1f}", f"{e.data_wait_seconds:.2f}", f"{e.starvation:.2f}",
                       f"{d['free']:.1f}/{d['decoded']:.1f}/{d['device']:.1f}", f"{e.loss:.3f}")
     console.print(table)

@@ -13,6 +13,7 @@ import argparse
 import glob
 import io
 import json
+import os
 import sys
 import tarfile
 import time
@@ -136,6 +137,12 @@ def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str,
         spec = None
         transform = RandomResizedCrop(args.image_size, fields=["jpg"])
     source: dict[str, Any] = {"cache": args.cache, "min_shards": args.workers} if args.cache else {"shards": shards}
+    if args.mix:  # the same shards as two sources, weighted by their sizes: the mixture's cost, nothing else
+        from ..loader.plan.mixture import Source
+
+        halves = [sorted(shards)[0::2], sorted(shards)[1::2]]
+        sizes = [sum(os.path.getsize(p) for p in h) for h in halves]
+        source = {"sources": [Source(f"half{k}", shards=h, weight=n) for k, (h, n) in enumerate(zip(halves, sizes))]}
     return StagingLoader(**source, batch_size=args.batch_size, workers=args.workers,
                          transfer_threads=args.transfer_threads, spec=spec, transform=transform, device=device,
                          zero_copy=args.zero_copy, shuffle=False, **decode)
@@ -237,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-draft", action="store_true")
     p.add_argument("--device-decode", action="store_true", help="feedline, jpeg: decode where the batch lands")
     p.add_argument("--cache", default="", help="feedline: read a sampler's cache instead of --shards")
+    p.add_argument("--mix", action="store_true", help="feedline: the shards as a two-source mixture")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     result = single_core_rate(args) if args.loader == "single-core" else run(args)

@@ -205,6 +205,7 @@ def _contenders(workload: str, shards: str, args: argparse.Namespace) -> list[Co
     single = min(args.seconds, 5.0)
     import torch
 
+    feedline.append(c("feedline (two-source mix)", "feedline", "--zero-copy", "--mix"))  # issue 25's row
     if torch.cuda.is_available():  # the workers copy compressed bytes; the GPU decodes (item 6 of issue 15)
         feedline.append(c("feedline (GPU decode)", "feedline", "--zero-copy", "--device-decode"))
     return feedline + [c("DataLoader + stock Pillow", "dataloader", stock=True),

@@ -16,12 +16,14 @@ import dataclasses
 import inspect
 import logging
 import os
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from ..cache.mix import part_dir, wait_for_layout
 from ..cache.source import CacheSource
 from ..errors import SettingError
 from ..formats.decoders import Decoder
@@ -130,6 +132,13 @@ class StagingLoader:
             raise SettingError("shards", "give exactly one of shards= (paths or globs), cache= (a cache directory) "
                                          "or sources= (a mixture: feedline.Source objects)")
         self.mixture: tuple[Source, ...] | None = None
+        waited = time.monotonic()
+        if cache is not None:  # a mixing sidecar's cache (``cache/mix.py``): mixed by the weights it was given
+            parts = wait_for_layout(os.fspath(cache), s.wait_timeout)
+            if parts is not None:
+                sources = [Source(p.name, cache=part_dir(os.fspath(cache), p.name), weight=p.weight) for p in parts]
+                cache = None
+        waited = time.monotonic() - waited
         if sources is not None:
             self.mixture = check_sources(sources)
             self.source: ShardSource = MixedSource([m.name for m in self.mixture],
@@ -155,7 +164,7 @@ class StagingLoader:
         self._runs = 0  # starts of epochs given to the pool: each start's batches carry its number
         self._auto: AutoWorkers | None = None  # workers="auto" during the first epoch
 
-        first = self.source.wait_for(s.min_shards, s.wait_timeout)
+        first = self.source.wait_for(s.min_shards, max(0.1, s.wait_timeout - waited))
         self.auto_workers = s.workers == AUTO
         s, most = s.resolve_auto(self.device.type)
         self.settings, self.most_workers = s, most

@@ -88,8 +88,8 @@ class Exporter:
 
     def __init__(self, catalog: tuple[MetricDef, ...], host: str, port: int, *,
                  const_labels: Mapping[str, str] | None = None, setting: str = "--metrics-port",
-                 ready: Callable[[], tuple[bool, str]] | None = None):
-        self.sink = PrometheusSink(catalog, const_labels)
+                 ready: Callable[[], tuple[bool, str]] | None = None, parts: tuple[str, ...] | None = None):
+        self.sink = PrometheusSink(catalog, const_labels, parts=parts)
         self.server = MetricsServer(self.sink.registry, host, port, ready, setting=setting)
 
     @property

@@ -45,25 +45,32 @@ class PrometheusSink(Collector):
     """Counters, gauges and histograms of one process, pushed by name, collected at scrape time."""
 
     def __init__(self, catalog: tuple[MetricDef, ...], const_labels: Mapping[str, str] | None = None,
-                 registry: CollectorRegistry | None = None):
+                 registry: CollectorRegistry | None = None, parts: tuple[str, str, ...] | None = None):
+        """``parts``: (label, value, value, ...) — one process serving several parts of the same kind (a
+        sidecar mixing sources: ``("source", "web", "curated")``); every series but build_info carries it."""
         self._defs = {d.name: d for d in catalog}
         self._const = dict(const_labels or {})
+        self._part_label = parts[0] if parts else None
         self._lock = threading.Lock()
-        self._values: dict[tuple[str, str], float] = {}
-        self._hists: dict[str, _Histogram] = {}
-        for d in catalog:
-            if d.kind == "histogram":
-                self._hists[d.name] = _Histogram(d.buckets)
-            else:
-                for v in d.values or ("",):
-                    self._values[(d.name, v)] = 0.0
-        self._values[(BUILD_INFO.name, BUILD_INFO.values[0])] = 1.0
+        self._values: dict[tuple[str, str, str], float] = {}
+        self._hists: dict[tuple[str, str], _Histogram] = {}
+        for part in (parts[1:] if parts else ("",)):
+            for d in catalog:
+                if d.name == BUILD_INFO.name:  # one per process, whatever its parts
+                    continue
+                if d.kind == "histogram":
+                    self._hists[(d.name, part)] = _Histogram(d.buckets)
+                else:
+                    for v in d.values or ("",):
+                        self._values[(d.name, v, part)] = 0.0
+        self._values[(BUILD_INFO.name, BUILD_INFO.values[0], "")] = 1.0
         self.registry = registry if registry is not None else CollectorRegistry()
         self.registry.register(self)
 
-    def _key(self, name: str, labels: Mapping[str, str]) -> tuple[str, str]:
+    def _key(self, name: str, labels: Mapping[str, str]) -> tuple[str, str, str]:
         d = self._defs[name]  # an unknown name is a bug in the caller: KeyError
-        return name, (labels[d.label] if d.label is not None else "")
+        part = labels[self._part_label] if self._part_label is not None else ""
+        return name, (labels[d.label] if d.label is not None else ""), part
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
         key = self._key(name, labels)
@@ -76,7 +83,7 @@ class PrometheusSink(Collector):
             self._values[key] = float(value)
 
     def observe(self, name: str, value: float, **labels: str) -> None:
-        h = self._hists[name]
+        h = self._hists[(name, labels[self._part_label] if self._part_label is not None else "")]
         with self._lock:
             h.observe(value)
 
@@ -89,21 +96,24 @@ class PrometheusSink(Collector):
         const_names, const_values = list(self._const), list(self._const.values())
         with self._lock:
             values = dict(self._values)
-            hists = {n: (h.cumulative(), h.sum) for n, h in self._hists.items()}
+            hists = {key: (h.cumulative(), h.sum) for key, h in self._hists.items()}
+        parted = self._part_label is not None
         for d in self._defs.values():
             full = PREFIX + d.name
-            labels = const_names + ([d.label] if d.label else [])
+            own = parted and d.name != BUILD_INFO.name
+            labels = const_names + ([self._part_label] if own else []) + ([d.label] if d.label else [])
             if d.kind == "histogram":
                 fam: Metric = HistogramMetricFamily(full, d.help, labels=labels)
-                buckets, total = hists[d.name]
-                fam.add_metric(const_values, buckets, total)
+                for (name, part), (buckets, total) in hists.items():
+                    if name == d.name:
+                        fam.add_metric(const_values + ([part] if own else []), buckets, total)
                 yield fam
                 continue
             if d.kind == "counter":
                 fam = CounterMetricFamily(full.removesuffix("_total"), d.help, labels=labels)
             else:
                 fam = GaugeMetricFamily(full, d.help, labels=labels)
-            for (name, v), x in values.items():
+            for (name, v, part), x in values.items():
                 if name == d.name:
-                    fam.add_metric(const_values + ([v] if d.label else []), x)
+                    fam.add_metric(const_values + ([part] if own else []) + ([v] if d.label else []), x)
             yield fam

@@ -96,10 +96,10 @@ def _epochs(summary: dict[str, Any] | None) -> str:
     if not summary or not summary.get("epochs"):
         return ""
     cols = [("epoch", "epoch", "{}"), ("shards", "shards trained on", "{}"), ("shard_bytes", "their MB", "{:.0f}"),
-            ("samples", "samples", "{}"), ("samples_per_s", "samples/s", "{:.0f}"), ("mb_per_s", "MB/s", "{:.1f}"),
+            ("samples", "samples", "{}"), ("sources", "samples per source", "{}"), ("samples_per_s", "samples/s", "{:.0f}"), ("mb_per_s", "MB/s", "{:.1f}"),
             ("starvation", "starvation", "{:.3f}"), ("data_wait_seconds", "data wait (s)", "{:.2f}"),
             ("loss", "loss", "{:.4f}")]
-    present = [c for c in cols if any(c[0] in e for e in summary["epochs"])]
+    present = [c for c in cols if any(e.get(c[0]) not in (None, {}) for e in summary["epochs"])]
     head = "".join(f"<th>{html.escape(title)}</th>" for _, title, _ in present)
     body = ""
     for e in summary["epochs"]:
@@ -108,6 +108,8 @@ def _epochs(summary: dict[str, Any] | None) -> str:
             v = e.get(key)
             if key == "shard_bytes" and v is not None:
                 v = v / 1e6
+            if key == "sources" and isinstance(v, dict):  # a mixture's epoch
+                v = ", ".join(f"{name} {n}" for name, n in sorted(v.items()))
             cells.append(f"<td class=num>{html.escape(fmt.format(v)) if v is not None else ''}</td>")
         body += "<tr>" + "".join(cells) + "</tr>"
     return f"<h2>The run, epoch by epoch</h2><table><tr>{head}</tr>{body}</table>"

@@ -1,0 +1,51 @@
+"""The ``mix`` setting: datasets mixed by weight, written on one line for a flag or a ``FEEDLINE_MIX`` variable.
+
+    web=cache:/dev/shm/web@0.7  curated=data/curated-{000..009}.tar@0.3  eval=data/eval/*.tar#5000
+
+Items are separated by spaces or ``;``. Each is ``NAME=WHERE`` with ``WHERE`` local shards (what
+``--shards`` takes: paths, globs, brace lists) or ``cache:DIR`` (a sidecar's cache), then ``@WEIGHT``
+or ``#SAMPLES`` per epoch (neither: weight 1). The loader checks the rest (``feedline.Source``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import SettingError
+from .loader.plan.mixture import Source, check_sources
+
+FORMAT = "NAME=[cache:]WHERE[@WEIGHT|#SAMPLES] items separated by spaces or ';'"
+_ITEM = re.compile(r"(?P<name>[^=\s;]+)=(?P<where>.+?)(?:@(?P<weight>[^@#]+)|#(?P<samples>[^@#]+))?")
+
+
+class MixError(ValueError):
+    """A ``mix`` the face refuses; the message names the item and the form that works."""
+
+
+def parse_mix(text: str) -> list[Source]:
+    """The sources of a ``mix`` setting (empty text: no mixture)."""
+    items = [item for item in re.split(r"[\s;]+", text.strip()) if item]
+    sources = []
+    for item in items:
+        m = _ITEM.fullmatch(item)
+        if m is None:
+            raise MixError(f"{item!r} is not NAME=WHERE[@WEIGHT|#SAMPLES]; write {FORMAT}, e.g. "
+                           f"'web=cache:/dev/shm/web@0.7 curated=data/c-{{000..009}}.tar@0.3'")
+        where = m["where"]
+        place = {"cache": where[len("cache:"):]} if where.startswith("cache:") else {"shards": where}
+        try:
+            weight = float(m["weight"]) if m["weight"] is not None else None
+            samples = int(m["samples"]) if m["samples"] is not None else None
+        except ValueError:
+            raise MixError(f"{item!r}: the weight after '@' is a number and the samples after '#' a whole "
+                           f"number") from None
+        try:
+            sources.append(Source(m["name"], weight=weight, samples=samples, **place))
+        except SettingError as exc:
+            raise MixError(exc.message) from None
+    if items:
+        try:
+            check_sources(sources)
+        except SettingError as exc:
+            raise MixError(exc.message) from None
+    return sources

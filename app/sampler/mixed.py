@@ -1,0 +1,150 @@
+"""A sidecar that mixes: several sources, each filling its own part of one cache, with its share of the budget.
+
+``--source "web=https://store/web-{000000..009999}.tar@0.7 curated=s3://b/cur/@0.3"`` fills
+``<cache>/web/`` and ``<cache>/curated/``, each a cache of its own (manifest, shards, readers), by one
+``Sidecar`` each — so growth, eviction and retries work per source as for one — and writes
+``<cache>/mix.json`` with the weights, which a loader given the cache folder mixes by. The budget is
+split by weight, or given per source (``@2GiB``); the metrics of every part carry ``source="NAME"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import re
+import threading
+from dataclasses import dataclass
+
+from ..cache.mix import MixPart, part_dir, write_mix
+from ..errors import SettingError
+from ..preflight import fmt_bytes, fs_space
+from ..sink import Labelled, NullSink, StatsSink
+from .settings import SidecarSettings
+from .sidecar import Sidecar
+
+log = logging.getLogger("feedline.sampler")
+
+_ITEM = re.compile(r"(?P<name>[A-Za-z0-9_-]+)=(?P<source>\S+?)(?:@(?P<share>[^@\s]+))?")
+_SIZE = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KiB": 1 << 10, "MiB": 1 << 20,
+         "GiB": 1 << 30, "TiB": 1 << 40}
+FORM = "NAME=SOURCE[@WEIGHT|@SIZE] items separated by spaces"
+
+
+@dataclass(frozen=True)
+class MixSource:
+    """One source of a mixing sidecar: its name (its folder and ``source`` label), where it is, its share."""
+
+    name: str
+    source: str
+    weight: float | None = None  # a share of the budget left by the sources with their own
+    budget: int | None = None  # bytes of its own
+
+
+def mixture_of(source: str) -> list[MixSource] | None:
+    """The sources of a ``--source`` that mixes (``NAME=SOURCE`` items); None for one source."""
+    items = source.split()
+    if not items or not re.match(r"[A-Za-z0-9_-]+=", items[0]):
+        return None
+    out = []
+    for item in items:
+        m = _ITEM.fullmatch(item)
+        if m is None:
+            raise SettingError("source", f"{item!r} is not NAME=SOURCE[@WEIGHT|@SIZE]; a mixture is {FORM}, e.g. "
+                                         f"'web=https://store/web-{{0000..0999}}.tar@0.7 curated=s3://b/cur/@0.3'")
+        share = m["share"]
+        if share is None:
+            out.append(MixSource(m["name"], m["source"], weight=1.0))
+            continue
+        size = re.fullmatch(r"([0-9.]+)([KMGT]?i?B)", share)
+        try:
+            if size is not None and size[2] in _SIZE:
+                out.append(MixSource(m["name"], m["source"], budget=int(float(size[1]) * _SIZE[size[2]])))
+                continue
+            weight = float(share)
+        except ValueError:
+            weight = math.nan
+        if not math.isfinite(weight) or weight < 0:
+            raise SettingError("source", f"{item!r}: {share!r} is not a weight (a number >= 0) or a size (512MiB)")
+        out.append(MixSource(m["name"], m["source"], weight=weight))
+    names = [s.name for s in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SettingError("source", f"the name(s) {twice} are used twice; every source needs its own name")
+    if all((s.weight or 0) <= 0 and not s.budget for s in out):
+        raise SettingError("source", "every weight is 0: the cache would hold nothing; give a source a weight "
+                                     "above 0")
+    return out
+
+
+def budgets(total: int, sources: list[MixSource]) -> list[int]:
+    """Each source's bytes: its own, or its weight's share of what the others leave."""
+    fixed = sum(s.budget or 0 for s in sources)
+    weight = sum(s.weight or 0.0 for s in sources if s.budget is None)
+    left = total - fixed
+    if weight and left <= 0:
+        raise SettingError("budget", f"{fmt_bytes(total)} leaves nothing for the weighted sources once the ones "
+                                     f"with their own budget ({fmt_bytes(fixed)}) are served; raise the budget")
+    return [s.budget if s.budget is not None else int(left * (s.weight or 0.0) / weight) if weight else 0
+            for s in sources]
+
+
+class MixedSidecar:
+    """One ``Sidecar`` per source over its part of the cache; ``run()`` until ``stop()``, as a ``Sidecar``."""
+
+    def __init__(self, settings: SidecarSettings, sources: list[MixSource], sink: StatsSink | None = None):
+        self.settings = settings
+        self.cache_dir = os.path.abspath(settings.cache)
+        shares = budgets(settings.budget, sources)
+        for s, b in zip(sources, shares):
+            if b <= 0:
+                raise SettingError("source", f"source {s.name!r} gets no budget (weight {s.weight}): give it a "
+                                             f"weight above 0 or leave it out")
+        os.makedirs(self.cache_dir, exist_ok=True)
+        _, free = fs_space(self.cache_dir)
+        cached = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(self.cache_dir)
+                     for f in files)
+        if free + cached < settings.budget:
+            raise SettingError("budget", f"{fmt_bytes(settings.budget)} for {len(sources)} sources, but the "
+                                         f"filesystem of {self.cache_dir} has {fmt_bytes(free + cached)} for it: "
+                                         f"lower the budget or give /dev/shm more room")
+        # the loader mixes by what each source holds of the budget: what the user weighed
+        write_mix(self.cache_dir, [MixPart(s.name, b / settings.budget) for s, b in zip(sources, shares)])
+        sink = sink if sink is not None else NullSink()
+        self.names = [s.name for s in sources]
+        self.parts: list[Sidecar] = []
+        for s, b in zip(sources, shares):
+            part = dataclasses.replace(settings, source=s.source, cache=part_dir(self.cache_dir, s.name), budget=b)
+            log.info("source %s: %s into %s, budget %s", s.name, s.source, part.cache, fmt_bytes(b))
+            self.parts.append(Sidecar(part, Labelled(sink, source=s.name)))
+
+    def ready(self) -> tuple[bool, str]:
+        states = [p.ready() for p in self.parts]
+        return all(ok for ok, _ in states), "; ".join(f"{n}: {msg}" for n, (_, msg) in zip(self.names, states))
+
+    def run(self) -> int:
+        """Every part fills its cache in its own thread; the first to fail stops the others."""
+        codes: list[int] = [0] * len(self.parts)
+        errors: list[BaseException] = []
+
+        def one(k: int) -> None:
+            try:
+                codes[k] = self.parts[k].run()
+            except BaseException as exc:  # noqa: BLE001 -- re-raised below, after the others stopped
+                errors.append(exc)
+                self.stop()
+
+        threads = [threading.Thread(target=one, args=(k,), name=f"feedline-source-{n}")
+                   for k, n in enumerate(self.names)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return max(codes, default=0)
+
+    def stop(self) -> None:
+        for p in self.parts:
+            p.stop()
