@@ -16,7 +16,8 @@ from typing import Any
 
 from .loader.plan.rank import Rank
 from .loader.settings import LoaderSettings
-from .mixing import MixError, parse_mix
+from .cache.mix import wait_for_layout
+from .mixing import MixError, check_parts, parse_mix
 from .sampler.settings import DEFAULT_CACHE, SidecarSettings
 
 ENV_PREFIX = "FEEDLINE_"
@@ -83,9 +84,9 @@ class Config:
     # where the data is
     shards: str = setting("", "shard paths or globs, comma-separated (data/*.tar)", "data")
     cache: str = setting("", "a cache directory with manifest.json, filled by `feedline sample`", "data sampler")
-    mix: str = setting("", "datasets mixed by weight instead of shards/cache: NAME=[cache:]WHERE[@WEIGHT|#SAMPLES] "
-                           "items separated by spaces or ';' (web=cache:/dev/shm/web@0.7 cur=data/c/*.tar@0.3)",
-                       "data")
+    mix: str = setting("", "datasets mixed by weight: NAME=[cache:]WHERE[@WEIGHT|#SAMPLES] items separated by "
+                           "spaces or ';' (web=cache:/dev/shm/web@0.7 cur=data/c/*.tar@0.3); with cache set to a "
+                           "mixing sidecar's cache, its parts weighed anew (web@0.5 cur@0.5)", "data")
     # the staging loader
     batch_size: int = setting(64, "samples per batch", "loader", minimum=1)
     workers: int | str = setting("auto", "decode worker processes, or auto: starts with half of this rank's CPUs "
@@ -279,11 +280,11 @@ class Config:
             raise ConfigError("shards and cache are both set: give one (FEEDLINE_SHARDS / --shards, "
                               "or FEEDLINE_CACHE / --cache)")
         if self.mix:
-            if self.shards or self.cache:
-                raise ConfigError("mix is set with shards or cache: a mixture names its sources' shards and caches "
-                                  "itself; give mix alone (FEEDLINE_MIX / --mix)")
+            if self.shards:
+                raise ConfigError("mix is set with shards: a mixture names its sources' shards itself; give mix "
+                                  "alone (FEEDLINE_MIX / --mix), or with cache to weigh a mixing sidecar's parts")
             try:
-                parse_mix(self.mix)
+                parse_mix(self.mix, self.cache)
             except MixError as exc:
                 raise ConfigError(f"mix (FEEDLINE_MIX / --mix): {exc}") from None
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
@@ -306,7 +307,14 @@ class Config:
     def loader_source(self) -> dict[str, Any]:
         """``sources=``, ``cache=`` or ``shards=``, as the loader takes them."""
         if self.mix:
-            return {"sources": parse_mix(self.mix)}
+            sources = parse_mix(self.mix, self.cache)
+            if self.cache:  # its parts, weighed anew: they must be there (the sidecar may still be starting)
+                wait_for_layout(self.cache, self.wait_timeout)
+                try:
+                    check_parts(sources, self.cache)
+                except MixError as exc:
+                    raise ConfigError(f"mix (FEEDLINE_MIX / --mix): {exc}") from None
+            return {"sources": sources}
         return {"cache": self.cache} if self.cache else {"shards": self.shard_list()}
 
     def loader_settings(self) -> LoaderSettings:

@@ -292,6 +292,10 @@ def epoch_samples(loader: StagingLoader) -> int | None:
     """Samples this rank sees in the current epoch, from the shard indexes (for the progress bar)."""
     from .formats.shard_index import ShardError, load_index
 
+    plan = loader.plan
+    if plan is not None and plan.mixture is not None:  # the epoch's draw, not the shards' contents
+        return sum(plan.mixture.drawn) // loader.rank.world_size
+
     try:
         total = sum(len(load_index(p).samples) for p in loader.epoch_shards)
     except ShardError:

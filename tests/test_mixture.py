@@ -299,9 +299,11 @@ def test_feedline_train_mixes_and_its_summary_counts_samples_per_source_per_epoc
 @pytest.mark.parametrize("args, env, says", [
     (["--mix", "photos=data/*.tar@-1"], {}, "weight=-1.0"),
     (["--mix", "photos=data/*.tar@0"], {}, "every weight is 0"),
-    (["--mix", "photos"], {}, "is not NAME=WHERE"),
+    (["--mix", "photos="], {}, "is not NAME=WHERE"),
     ([], {"FEEDLINE_MIX": "a=x@1 a=y@2"}, "used twice"),
-    (["--shards", "data/*.tar"], {"FEEDLINE_MIX": "a=x@1"}, "mix is set with shards or cache"),
+    (["--shards", "data/*.tar"], {"FEEDLINE_MIX": "a=x@1"}, "mix is set with shards"),
+    (["--mix", "web@1 rare@2"], {}, "names no data"),
+    (["--mix", "web=data/*.tar@1", "--cache", "c"], {}, "with cache set, name the parts"),
 ])
 def test_feedline_train_refuses_a_bad_mix_naming_the_setting(args, env, says):
     run = subprocess.run([*TRAIN, *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
@@ -370,11 +372,17 @@ def test_a_sidecar_fills_two_sources_from_two_stores_into_one_mixed_cache_a_load
             assert [(p.name, p.weight) for p in read_mix(cache)] == [("web", 0.75), ("rare", 0.25)]
             with StagingLoader(cache=cache, batch_size=10, workers=2, spec=SPEC) as loader:
                 ids, names = _epoch(loader)
+            env = {"FEEDLINE_CACHE": cache, "FEEDLINE_MIX": "web@1 rare@1"}
+            with StagingLoader.from_env(env=env, batch_size=10, workers=1, spec=SPEC, metrics_port=None) as loader:
+                reweighed = _epoch(loader)[1]
         finally:
             out = sampler.stop()
     assert sampler.proc.returncode == 0, out[-3000:]
     assert collections.Counter(names) == {"web": 120, "rare": 40}  # 160 samples cached, drawn 3:1
     assert all((n == "rare") == (i >= 1000) for i, n in zip(ids, names))
+    assert collections.Counter(reweighed) == {"web": 80, "rare": 80}  # FEEDLINE_MIX weighs the parts anew
+    with pytest.raises(ValueError, match=r"\['news'\] is not a source of the cache .* it holds \['web', 'rare'\]"):
+        StagingLoader.from_env(env={"FEEDLINE_CACHE": cache, "FEEDLINE_MIX": "web@1 news@1"}, metrics_port=None)
 
 
 def test_the_mixed_sidecars_metrics_pass_promtool(tmp_path):
