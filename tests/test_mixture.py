@@ -3,6 +3,7 @@
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -296,106 +297,25 @@ def test_feedline_train_mixes_and_its_summary_counts_samples_per_source_per_epoc
     assert "samples per source" in _epochs(doc) and "photos 33, rare 11" in _epochs(doc)
 
 
-@pytest.mark.parametrize("args, env, says", [
-    (["--mix", "photos=data/*.tar@-1"], {}, "weight=-1.0"),
-    (["--mix", "photos=data/*.tar@0"], {}, "every weight is 0"),
-    (["--mix", "photos="], {}, "is not NAME=WHERE"),
-    ([], {"FEEDLINE_MIX": "a=x@1 a=y@2"}, "used twice"),
-    (["--shards", "data/*.tar"], {"FEEDLINE_MIX": "a=x@1"}, "mix is set with shards"),
-    (["--mix", "web@1 rare@2"], {}, "names no data"),
-    (["--mix", "web=data/*.tar@1", "--cache", "c"], {}, "with cache set, name the parts"),
+@pytest.mark.parametrize("values, env, says", [
+    ({"mix": "photos=data/*.tar@-1"}, {}, "weight=-1.0"),
+    ({"mix": "photos=data/*.tar@0"}, {}, "every weight is 0"),
+    ({"mix": "photos="}, {}, "is not NAME=WHERE"),
+    ({}, {"FEEDLINE_MIX": "a=x@1 a=y@2"}, "used twice"),
+    ({"shards": "data/*.tar"}, {"FEEDLINE_MIX": "a=x@1"}, "mix is set with shards"),
+    ({"mix": "web@1 rare@2"}, {}, "names no data"),
+    ({"mix": "web=data/*.tar@1", "cache": "c"}, {}, "with cache set, name the parts"),
 ])
-def test_feedline_train_refuses_a_bad_mix_naming_the_setting(args, env, says):
-    run = subprocess.run([*TRAIN, *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                         env={**os.environ, **env})
-    assert run.returncode != 0
-    assert says in run.stderr and "mix" in run.stderr, run.stderr[-2000:]
+def test_a_bad_mix_is_refused_at_start_up_naming_the_setting(values, env, says):
+    from feedline.config import Config, ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(says)) as err:
+        Config.load(values, env=env)
+    assert str(err.value).startswith("mix")
 
 
-# -- the sidecar mixes: one cache, a part per source, the budget by weight -----------------------
-
-def test_a_plain_source_is_not_a_mixture_and_a_named_list_is():
-    from feedline.sampler.mixed import MixSource, mixture_of
-
-    for plain in ("https://store/x-{0000..0009}.tar", "s3://bucket/prefix/", "data/*.tar",
-                  "https://s/x.tar?X-Amz-Signature=ab&X-Amz-Date=1"):
-        assert mixture_of(plain) is None
-    assert mixture_of("web=https://u@store/w-{0..9}.tar@0.7 cur=s3://b/c/@512MiB  x=data/*.tar") == [
-        MixSource("web", "https://u@store/w-{0..9}.tar", weight=0.7), MixSource("cur", "s3://b/c/", budget=512 << 20),
-        MixSource("x", "data/*.tar", weight=1.0)]
-
-
-@pytest.mark.parametrize("source, says", [
-    ("a=x.tar@-1 b=y.tar", "a number >= 0"),
-    ("a=x.tar@0 b=y.tar@0", "every weight is 0"),
-    ("a=x.tar b=y.tar a=z.tar", "used twice"),
-    ("a=x.tar b", "is not NAME=SOURCE"),
-])
-def test_a_bad_sidecar_mixture_is_refused_naming_source(source, says):
-    from feedline.sampler.mixed import mixture_of
-
-    with pytest.raises(SettingError, match=says) as err:
-        mixture_of(source)
-    assert err.value.setting == "source"
-
-
-def test_the_budget_is_split_by_weight_after_the_sources_with_their_own():
-    from feedline.sampler.mixed import MixSource, budgets
-
-    assert budgets(1000, [MixSource("a", "x", weight=3), MixSource("b", "y", weight=1),
-                          MixSource("c", "z", budget=200)]) == [600, 200, 200]
-    with pytest.raises(SettingError, match="leaves nothing") as err:
-        budgets(100, [MixSource("a", "x", weight=1), MixSource("b", "y", budget=100)])
-    assert err.value.setting == "budget"
-
-
-def test_a_sidecar_fills_two_sources_from_two_stores_into_one_mixed_cache_a_loader_mixes(tmp_path):
-    from feedline.cache.mix import read_mix
-    from feedline.demo.store import FileStore
-
-    id_shards(str(tmp_path / "a"), shards=8, per_shard=20, payload=2048)  # ids 0..159
-    os.makedirs(tmp_path / "b")
-    for k in range(4):  # ids 1000..1079
-        write_tar(str(tmp_path / "b" / f"ids-{k:04d}.tar"), id_samples(1000 + 20 * k, 20, 2048))
-    shard = os.path.getsize(tmp_path / "a" / "ids-0000.tar")
-    cache = str(tmp_path / "cache")
-    with FileStore(str(tmp_path / "a")) as web, FileStore(str(tmp_path / "b")) as rare:
-        source = f"web={web.url}/ids-{{0000..0007}}.tar@3 rare={rare.url}/ids-{{0000..0003}}.tar@1"
-        sampler = Sampler(web, cache, "--policy", "fill", "--budget", str(8 * shard + 100), source=source)
-        try:
-            sampler.wait_ready()
-            assert wait_for(lambda: len(manifest_ids(os.path.join(cache, "web"))) == 6
-                            and len(manifest_ids(os.path.join(cache, "rare"))) == 2)  # 3/4 and 1/4 of 8 shards
-            assert sampler.metric("feedline_cache_shards", source="web") == 6
-            assert sampler.metric("feedline_cache_shards", source="rare") == 2
-            assert sampler.metric("feedline_cache_budget_bytes", source="rare") == (8 * shard + 100 - 0) // 4
-            assert [(p.name, p.weight) for p in read_mix(cache)] == [("web", 0.75), ("rare", 0.25)]
-            with StagingLoader(cache=cache, batch_size=10, workers=2, spec=SPEC) as loader:
-                ids, names = _epoch(loader)
-            env = {"FEEDLINE_CACHE": cache, "FEEDLINE_MIX": "web@1 rare@1"}
-            with StagingLoader.from_env(env=env, batch_size=10, workers=1, spec=SPEC, metrics_port=None) as loader:
-                reweighed = _epoch(loader)[1]
-        finally:
-            out = sampler.stop()
-    assert sampler.proc.returncode == 0, out[-3000:]
-    assert collections.Counter(names) == {"web": 120, "rare": 40}  # 160 samples cached, drawn 3:1
-    assert all((n == "rare") == (i >= 1000) for i, n in zip(ids, names))
-    assert collections.Counter(reweighed) == {"web": 80, "rare": 80}  # FEEDLINE_MIX weighs the parts anew
-    with pytest.raises(ValueError, match=r"\['news'\] is not a source of the cache .* it holds \['web', 'rare'\]"):
-        StagingLoader.from_env(env={"FEEDLINE_CACHE": cache, "FEEDLINE_MIX": "web@1 news@1"}, metrics_port=None)
-
-
-def test_the_mixed_sidecars_metrics_pass_promtool(tmp_path):
-    from prometheus_client import generate_latest
-
-    from feedline.metrics.catalog import SAMPLER
-    from feedline.metrics.sink import PrometheusSink
-
-    sink = PrometheusSink(SAMPLER, parts=("source", "web", "rare"))
-    sink.inc("fetch_errors_total", source="rare", reason="timeout")
-    sink.observe("fetch_seconds", 0.5, source="web")
-    text = generate_latest(sink.registry).decode()
-    assert 'feedline_fetch_errors_total{reason="timeout",source="rare"} 1.0' in text
-    assert text.count("feedline_build_info{") == 1
-    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
+def test_feedline_train_refuses_a_bad_mix_with_the_setting_named_and_exit_2():
+    run = subprocess.run([*TRAIN, "--mix", "photos=data/*.tar@-1"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2
+    assert "mix (FEEDLINE_MIX / --mix)" in run.stderr and "a weight is a finite number >= 0" in run.stderr
