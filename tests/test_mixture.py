@@ -15,7 +15,7 @@ from test_distributed import jpeg_shards, torchrun
 from feedline import Source, StagingLoader
 from feedline.errors import SettingError
 from feedline.loader.plan.epoch_plan import EpochPlan
-from feedline.loader.plan.mixture import check_sources, mix_epoch, shares
+from feedline.loader.plan.mixture import Mixture, check_sources, mix_epoch, shares
 from feedline.loader.plan.rank import Rank
 
 SPEC = {"cls": "int64"}
@@ -67,8 +67,7 @@ def test_a_draw_gives_each_source_its_exact_count_with_no_repeat_inside_a_pass(s
     got = collections.Counter()
     per_pass = collections.defaultdict(list)
     for key in mix.order:
-        path, source = mix.entries[key]
-        source_, pass_, _ = key.split(":", 2)
+        source, pass_, path = Mixture.entry(key)
         n = sizes[path] - len(mix.skip.get(key, ()))
         got[source] += n
         per_pass[(source, pass_)].append(path)
@@ -150,10 +149,12 @@ def test_a_weight_of_zero_leaves_a_source_out_and_samples_fix_a_count(two):
 def test_the_transform_sees_the_source_name(two):
     with StagingLoader(sources=_mix(two), batch_size=16, workers=1, spec={"cls": "int64", "w": "float32"},
                        transform=_weigh_by_source) as loader:
+        seen = collections.Counter()
         for batch in loader:
             for w, name in zip(batch["w"].tolist(), batch["__source__"]):
                 assert w == (2.0 if name == "curated" else 1.0)
-            break
+                seen[name] += 1
+    assert seen == {"web": 315, "curated": 135}
 
 
 def _weigh_by_source(sample):
@@ -272,8 +273,13 @@ def test_two_ranks_read_a_mixture_with_equal_batches(tmp_path, two):
     assert run.returncode == 0, run.stderr[-3000:]
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in run.stdout.splitlines() if "RESULT " in line]
     assert len(results) == 2 and len(results[0]) == len(results[1])  # equal batches: no rank waits for another
-    names = collections.Counter(n for r in results for _, ns in r for n in ns)
-    assert names["web"] >= 315 and names["curated"] >= 135  # pad repeats a few to even the ranks out
+    drawn = [(i, n) for r in results for ids, ns in r for i, n in zip(ids, ns)]
+    assert all((n == "curated") == (i >= 1000) for i, n in drawn)
+    # the ranks together deliver the draw (pad repeats a few of it to even them out): 315 distinct web samples,
+    # and every curated sample (135 draws of 50)
+    assert len({i for i, n in drawn if n == "web"}) == 315
+    assert {i for i, n in drawn if n == "curated"} == set(range(1000, 1050))
+    assert len(drawn) >= 450
 
 
 # -- the face: feedline train --mix / FEEDLINE_MIX ------------------------------------------------
@@ -319,3 +325,92 @@ def test_feedline_train_refuses_a_bad_mix_with_the_setting_named_and_exit_2():
                          timeout=60)
     assert run.returncode == 2
     assert "mix (FEEDLINE_MIX / --mix)" in run.stderr and "a weight is a finite number >= 0" in run.stderr
+
+
+# -- the sidecar mixes: one cache, a part per source, the budget by weight -----------------------
+
+def test_a_plain_source_is_not_a_mixture_and_a_named_list_is():
+    from feedline.sampler.mixed import MixSource, mixture_of
+
+    for plain in ("https://store/x-{0000..0009}.tar", "s3://bucket/prefix/", "data/*.tar",
+                  "https://s/x.tar?X-Amz-Signature=ab&X-Amz-Date=1"):
+        assert mixture_of(plain) is None
+    assert mixture_of("web=https://u@store/w-{0..9}.tar@0.7 cur=s3://b/c/@512MiB  x=data/*.tar") == [
+        MixSource("web", "https://u@store/w-{0..9}.tar", weight=0.7), MixSource("cur", "s3://b/c/", budget=512 << 20),
+        MixSource("x", "data/*.tar", weight=1.0)]
+
+
+@pytest.mark.parametrize("source, says", [
+    ("a=x.tar@-1 b=y.tar", "a number >= 0"),
+    ("a=x.tar@0 b=y.tar@0", "every weight is 0"),
+    ("a=x.tar b=y.tar a=z.tar", "used twice"),
+    ("a=x.tar b", "is not NAME=SOURCE"),
+])
+def test_a_bad_sidecar_mixture_is_refused_naming_source(source, says):
+    from feedline.sampler.mixed import mixture_of
+
+    with pytest.raises(SettingError, match=says) as err:
+        mixture_of(source)
+    assert err.value.setting == "source"
+
+
+def test_the_budget_is_split_by_weight_after_the_sources_with_their_own():
+    from feedline.sampler.mixed import MixSource, budgets
+
+    assert budgets(1000, [MixSource("a", "x", weight=3), MixSource("b", "y", weight=1),
+                          MixSource("c", "z", budget=200)]) == [600, 200, 200]
+    with pytest.raises(SettingError, match="leaves nothing") as err:
+        budgets(100, [MixSource("a", "x", weight=1), MixSource("b", "y", budget=100)])
+    assert err.value.setting == "budget"
+
+
+def test_a_sidecar_fills_two_sources_from_two_stores_into_one_mixed_cache_a_loader_mixes(tmp_path):
+    from feedline.cache.mix import read_mix
+    from feedline.demo.store import FileStore
+
+    id_shards(str(tmp_path / "a"), shards=8, per_shard=20, payload=2048)  # ids 0..159
+    os.makedirs(tmp_path / "b")
+    for k in range(4):  # ids 1000..1079
+        write_tar(str(tmp_path / "b" / f"ids-{k:04d}.tar"), id_samples(1000 + 20 * k, 20, 2048))
+    shard = os.path.getsize(tmp_path / "a" / "ids-0000.tar")
+    cache = str(tmp_path / "cache")
+    with FileStore(str(tmp_path / "a")) as web, FileStore(str(tmp_path / "b")) as rare:
+        source = f"web={web.url}/ids-{{0000..0007}}.tar@3 rare={rare.url}/ids-{{0000..0003}}.tar@1"
+        sampler = Sampler(web, cache, "--policy", "fill", "--budget", str(8 * shard + 100), source=source)
+        try:
+            sampler.wait_ready()
+            assert wait_for(lambda: len(manifest_ids(os.path.join(cache, "web"))) == 6
+                            and len(manifest_ids(os.path.join(cache, "rare"))) == 2)  # 3/4 and 1/4 of 8 shards
+            assert sampler.metric("feedline_cache_shards", source="web") == 6
+            assert sampler.metric("feedline_cache_shards", source="rare") == 2
+            assert sampler.metric("feedline_cache_budget_bytes", source="rare") == (8 * shard + 100) // 4
+            assert [(p.name, p.weight) for p in read_mix(cache)] == [("web", 0.75), ("rare", 0.25)]
+            with StagingLoader(cache=cache, batch_size=10, workers=2, spec=SPEC) as loader:
+                ids, names = _epoch(loader)
+            env = {"FEEDLINE_CACHE": cache, "FEEDLINE_MIX": "web@1 rare@1"}
+            with StagingLoader.from_env(env=env, batch_size=10, workers=1, spec=SPEC, metrics_port=None) as loader:
+                reweighed = _epoch(loader)[1]
+        finally:
+            out = sampler.stop()
+    assert sampler.proc.returncode == 0, out[-3000:]
+    assert collections.Counter(names) == {"web": 120, "rare": 40}  # 160 samples cached, drawn 3:1
+    assert all((n == "rare") == (i >= 1000) for i, n in zip(ids, names))
+    assert collections.Counter(reweighed) == {"web": 80, "rare": 80}  # FEEDLINE_MIX weighs the parts anew
+    with pytest.raises(ValueError, match=r"\['news'\] is not a source of the cache .* it holds \['web', 'rare'\]"):
+        StagingLoader.from_env(env={"FEEDLINE_CACHE": cache, "FEEDLINE_MIX": "web@1 news@1"}, metrics_port=None)
+
+
+def test_the_mixed_sidecars_metrics_pass_promtool(tmp_path):
+    from prometheus_client import generate_latest
+
+    from feedline.metrics.catalog import SAMPLER
+    from feedline.metrics.sink import PrometheusSink
+
+    sink = PrometheusSink(SAMPLER, parts=("source", "web", "rare"))
+    sink.inc("fetch_errors_total", source="rare", reason="timeout")
+    sink.observe("fetch_seconds", 0.5, source="web")
+    text = generate_latest(sink.registry).decode()
+    assert 'feedline_fetch_errors_total{reason="timeout",source="rare"} 1.0' in text
+    assert text.count("feedline_build_info{") == 1
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr

@@ -37,8 +37,8 @@ from .layout.spec import Spec
 from .pipeline import Pipeline
 from .plan.coordinate import RankCoordinator
 from .plan.epoch_plan import EpochPlan
-from .plan.mixture import Source, check_sources
 from .plan.epochs import EpochCounter, EpochSampler
+from .plan.mixture import Source, check_sources
 from .plan.rank import Rank
 from .plan.resume import RANKS_FORMAT, Cursor, Resume, differing, make_state, own_state, plan_resume, saved_workers
 from .plan.sources import MixedSource, PathSource, ShardSource
@@ -65,6 +65,7 @@ def _one_source(source: Source, decompress_dir: str | None) -> ShardSource:
         return PathSource(source.shards, decompress_dir)  # type: ignore[arg-type]
     except SettingError as exc:
         raise SettingError("sources", f"source {source.name!r}: {exc}") from None
+
 
 class StagingLoader:
     """Iterate over batches (dicts of tensors); each ``for`` loop is one epoch.

@@ -149,11 +149,11 @@ class EpochPlan:
 
     def path_of(self, entry: str) -> str:
         """The shard an entry reads."""
-        return self.mixture.entries[entry][0] if self.mixture is not None else entry
+        return Mixture.entry(entry)[2] if self.mixture is not None else entry
 
     def source_of(self, entry: str) -> str | None:
         """The name of the source an entry belongs to (None: not a mixture)."""
-        return self.mixture.names[self.mixture.entries[entry][1]] if self.mixture is not None else None
+        return self.mixture.names[Mixture.entry(entry)[0]] if self.mixture is not None else None
 
     @property
     def workers(self) -> int:
@@ -185,7 +185,7 @@ class EpochPlan:
         skip = {k: self.skip[entry] for k, entry in enumerate(mine) if self.skip.get(entry)}
         parts = {k: part for k, part in enumerate(self.parts[worker]) if part != WHOLE}
         labels = tuple(self.source_of(e) or "" for e in mine) if self.mixture is not None else ()
-        repeats = tuple(Mixture.pass_of(e) for e in mine) if self.mixture is not None else ()
+        repeats = tuple(Mixture.entry(e)[1] for e in mine) if self.mixture is not None else ()
         return WorkerPlan(self.epoch, self.seed, self.rank.rank, worker, tuple(self.path_of(e) for e in mine),
                           resume, tuple(sorted(poison)), skip, parts, run, labels, repeats)
 

@@ -99,36 +99,34 @@ def shares(sources: Sequence[Source], totals: Sequence[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class Mixture:
-    """One epoch of a mixture, as plain data: entry keys in epoch order, and what each entry reads."""
+    """One epoch of a mixture, as plain data: entry keys in epoch order (each says what it reads: ``entry``)."""
 
     names: tuple[str, ...]  # the sources' names, by index
-    order: tuple[str, ...]  # entry keys, in the epoch's order (before the split by rank and worker)
-    entries: Mapping[str, tuple[str, int]]  # key -> (shard path, source index)
+    order: tuple[str, ...]  # entry keys "<source index>:<pass>:<shard path>", in the epoch's order
     skip: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # key -> sample indexes a part pass leaves out
     drawn: tuple[int, ...] = ()  # samples each source gives the epoch
 
     @staticmethod
-    def pass_of(key: str) -> int:
-        """Which pass over its source an entry is (0: the first)."""
-        return int(key.split(":", 2)[1])
+    def entry(key: str) -> tuple[int, int, str]:
+        """(source index, pass over that source, shard path) of an entry key."""
+        source, pass_, path = key.split(":", 2)
+        return int(source), int(pass_), path
 
     def get_state(self) -> dict[str, Any]:
-        return {"names": list(self.names), "order": list(self.order), "drawn": list(self.drawn),
-                "entries": {k: [p, s] for k, (p, s) in self.entries.items()}}
+        """The plan's state holds the skips (``EpochPlan.skip``); this, the rest."""
+        return {"names": list(self.names), "order": list(self.order), "drawn": list(self.drawn)}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "Mixture":
-        return cls(tuple(state["names"]), tuple(state["order"]),
-                   {k: (str(v[0]), int(v[1])) for k, v in state["entries"].items()},
-                   drawn=tuple(int(n) for n in state.get("drawn", ())))
+        return cls(tuple(state["names"]), tuple(state["order"]), drawn=tuple(int(n) for n in state.get("drawn", ())))
 
 
 def _draw(index: int, shards: Sequence[str], want: int, count: Callable[[str], int], seed: int, epoch: int,
-          shuffle: bool) -> tuple[list[tuple[str, str]], dict[str, tuple[int, ...]]]:
-    """([(key, path)], key -> left-out indexes): ``want`` samples of one source, in passes."""
+          shuffle: bool) -> tuple[list[str], dict[str, tuple[int, ...]]]:
+    """(entry keys, key -> left-out indexes): ``want`` samples of one source, in passes."""
     sizes = {p: count(p) for p in shards}
     total = sum(sizes.values())
-    picked: list[tuple[str, str]] = []
+    picked: list[str] = []
     skip: dict[str, tuple[int, ...]] = {}
     if total == 0 or want == 0:
         return picked, skip
@@ -145,7 +143,7 @@ def _draw(index: int, shards: Sequence[str], want: int, count: Callable[[str], i
             if n == 0:
                 continue
             key = f"{index}:{p}:{path}"
-            picked.append((key, path))
+            picked.append(key)
             if n > need:  # the boundary shard: a seeded subset of its samples
                 keep = set(random.Random(f"feedline-mix:{seed}:{epoch}:{index}:{p}").sample(range(n), need))
                 skip[key] = tuple(i for i in range(n) if i not in keep)
@@ -160,16 +158,13 @@ def mix_epoch(sources: Sequence[Source], snapshots: Sequence[Sequence[str]], cou
     totals = [sum(count(p) for p in shards) for shards in snapshots]
     drawn = shares(sources, totals)
     order: list[str] = []
-    entries: dict[str, tuple[str, int]] = {}
     skip: dict[str, tuple[int, ...]] = {}
     for i, shards in enumerate(snapshots):
         picked, left_out = _draw(i, sorted(shards), drawn[i], count, seed, epoch, shuffle)
         if not picked:
             drawn[i] = 0  # nothing to read in it now (an empty cache): the others still make the epoch
-        for key, path in picked:
-            order.append(key)
-            entries[key] = (path, i)
+        order += picked
         skip.update(left_out)
     if shuffle:
         random.Random(f"feedline-mix:{seed}:{epoch}").shuffle(order)
-    return Mixture(tuple(s.name for s in sources), tuple(order), entries, skip, tuple(drawn))
+    return Mixture(tuple(s.name for s in sources), tuple(order), skip, tuple(drawn))
