@@ -111,6 +111,14 @@ class Config:
                                        "loader", minimum=0)
     worker_timeout: float = setting(60.0, "seconds a worker may hold a batch without decoding a sample before it "
                                           "is replaced (0: never)", "loader", minimum=0)
+    max_member_bytes: int = setting(256 << 20, "the most one shard member may take, as stored or once decoded "
+                                               "(decompressed .gz/.bz2/.xz/.zst, image pixels at 4 bytes each, "
+                                               "msgpack/CBOR/JSON values): a sample with a larger member is skipped "
+                                               "and counted (member_too_large)", "loader", parse=parse_size,
+                                    minimum=1024)
+    worker_memory: int = setting(0, "private resident memory a decode worker may hold (e.g. 2GiB); above it the "
+                                    "worker is replaced and the sample it was decoding handled as a crash's "
+                                    "(0: no ceiling)", "loader", parse=parse_size, minimum=0)
     stall_timeout: float = setting(120.0, "seconds any stage of the loader's hand-off (the dispatcher thread, a "
                                           "worker's start, a transfer thread, the workers while the loop waits) "
                                           "may go without answering before the run stops with an error naming it",
@@ -325,8 +333,8 @@ class Config:
             device=self.resolved_device(), max_sample_errors=self.max_sample_errors,
             worker_timeout=self.worker_timeout, stall_timeout=self.stall_timeout, side_bytes=self.side_bytes or None,
             decompress_dir=self.decompress_dir or None, equal_batches=self.equal_batches,
-            min_shards=self.min_shards, wait_timeout=self.wait_timeout,
-            rank=Rank.detect(local=True) if self.rank_scope == "local" else None)
+            min_shards=self.min_shards, wait_timeout=self.wait_timeout, max_member_bytes=self.max_member_bytes,
+            worker_memory=self.worker_memory, rank=Rank.detect(local=True) if self.rank_scope == "local" else None)
 
     def sidecar_settings(self) -> SidecarSettings:
         return SidecarSettings(

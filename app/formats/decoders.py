@@ -12,7 +12,7 @@
 | cbor | the CBOR value (``cbor2``) |
 | ten tb | webdataset's tenbin: a list of arrays (zero-copy views) |
 | pth | ``torch.load(weights_only=True)``: tensors and plain containers; anything else refused |
-| ``<ext>.gz`` | gunzipped, then decoded as ``<ext>`` (``txt.gz`` -> str, ``jpg.gz`` -> image) |
+| ``<ext>.gz`` ``.bz2`` ``.xz`` ``.zst`` | decompressed, then decoded as ``<ext>`` (``txt.gz`` -> str, ``jpg.xz`` -> image) |
 | bin | raw bytes as a uint8 array (a spec may reinterpret them) |
 | pkl pickle pyd | refused: loading them would unpickle, i.e. run code from the data |
 | anything else (audio, video, ...) | bytes, for a decoder of the user's (``decode={"flac": fn}``) |
@@ -21,12 +21,14 @@ Images are lazy, so a transform can ask libjpeg-turbo for a reduced-size decode 
 before any pixel is decoded. A multi-dot extension (``seg.png``, ``depth.npy``) decodes by its
 last part, as webdataset's handlers do; a user's decoder for the whole of it comes first.
 Nothing here unpickles.
+
+Every member is bounded by the decoder's ``max_member_bytes`` (``bounds.py``): as stored, and as
+decoded — decompressed bytes, image pixels, the values of JSON/msgpack/CBOR, the sizes ``.npy``,
+``.ten`` and ``.npz`` declare. Past it a member is ``MemberTooLarge`` before the memory is taken.
 """
 
 from __future__ import annotations
 
-import ast
-import gzip
 import importlib
 import io
 import json
@@ -37,6 +39,24 @@ from typing import Any
 import numpy as np
 
 from . import tenbin
+from .arrays import decode_npy, decode_npz
+from .bounds import (
+    DEFAULT_MAX_MEMBER_BYTES,
+    DecodeError,
+    MemberTooLarge,
+    MsgpackTally,
+    check_cbor,
+    check_json,
+    check_msgpack,
+    check_stored,
+    fits_uncounted,
+    msgpack_limits,
+)
+from .images import decode_image
+from .inflate import INFLATE, PACKAGES, split_suffix
+
+__all__ = ["DEFAULT_MAX_MEMBER_BYTES", "DecodeError", "Decoder", "MemberTooLarge", "UnsafeMemberError", "decode_image",
+           "decode_npy", "decode_npz"]
 
 DecodeFn = Callable[[memoryview], Any]
 
@@ -54,13 +74,6 @@ TENBIN_EXTENSIONS = frozenset({"ten", "tb", "tenbin"})
 UNSAFE_EXTENSIONS = frozenset({"pkl", "pickle", "pyd"})
 # Members that decode to nested values (dicts, lists, arrays): they travel beside the slot as a tree.
 TREE_EXTENSIONS = MSGPACK_EXTENSIONS | TENBIN_EXTENSIONS | frozenset({"cbor", "pth", "npz"})
-GZIP_SUFFIX = ".gz"
-_NPY_MAGIC = b"\x93NUMPY"
-
-
-class DecodeError(Exception):
-    """A member that cannot be decoded: the sample is skipped and counted as corrupt."""
-
 
 class UnsafeMemberError(DecodeError):
     """A member whose only decoder would unpickle (run code from the data): never decoded."""
@@ -78,47 +91,12 @@ def last_part(ext: str) -> str:
 
 
 def format_of(ext: str) -> str:
-    """The format a member's content has once decoded: ``seg.png`` -> ``png``, ``txt.gz`` -> ``txt``."""
-    if ext.endswith(GZIP_SUFFIX):
-        ext = ext[: -len(GZIP_SUFFIX)]
+    """The format a member's content has once decoded: ``seg.png`` -> ``png``, ``txt.gz.xz`` -> ``txt``."""
+    split = split_suffix(ext)
+    while split is not None and split[0]:
+        ext = split[0]
+        split = split_suffix(ext)
     return last_part(ext)
-
-
-def decode_image(data: memoryview) -> Any:
-    from PIL import Image
-
-    try:
-        return Image.open(io.BytesIO(data))
-    except Exception as exc:  # PIL raises many types for bad input
-        raise DecodeError(f"not a readable image: {exc}") from None
-
-
-def decode_npy(data: memoryview) -> np.ndarray:
-    """A zero-copy view of an ``.npy`` member; object arrays are refused."""
-    if bytes(data[:6]) != _NPY_MAGIC or len(data) < 10:
-        raise DecodeError("not an .npy file (bad magic)")
-    major = data[6]
-    if major == 1:
-        hlen, hstart = int.from_bytes(data[8:10], "little"), 10
-    elif major in (2, 3):
-        hlen, hstart = int.from_bytes(data[8:12], "little"), 12
-    else:
-        raise DecodeError(f"unsupported .npy version {major}")
-    try:
-        header = ast.literal_eval(bytes(data[hstart : hstart + hlen]).decode("latin1"))
-        dtype = np.dtype(np.lib.format.descr_to_dtype(header["descr"]))
-        shape = tuple(int(d) for d in header["shape"])
-        fortran = bool(header["fortran_order"])
-    except Exception as exc:
-        raise DecodeError(f"bad .npy header: {exc}") from None
-    if dtype.hasobject:
-        raise DecodeError(".npy holds Python objects; loading it would unpickle, refused")
-    count = int(np.prod(shape, dtype=np.int64))
-    offset = hstart + hlen
-    if offset + count * dtype.itemsize > len(data):
-        raise DecodeError(".npy is truncated")
-    arr = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
-    return arr.reshape(shape, order="F" if fortran else "C")
 
 
 def decode_cls(data: memoryview) -> int:
@@ -135,22 +113,13 @@ def decode_text(data: memoryview) -> str:
         raise DecodeError(f"text is not UTF-8: {exc}") from None
 
 
-def decode_json(data: memoryview) -> Any:
+def decode_json(data: memoryview, bound: int = DEFAULT_MAX_MEMBER_BYTES) -> Any:
+    raw = bytes(data)
+    check_json(raw, bound)
     try:
-        return json.loads(bytes(data))
-    except ValueError as exc:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
         raise DecodeError(f"bad JSON: {exc}") from None
-
-
-def decode_npz(data: memoryview) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` member; object arrays would unpickle and are refused."""
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except ValueError as exc:  # numpy's refusal of object arrays, or a bad archive
-        raise DecodeError(f"bad .npz (object arrays are never unpickled): {exc}") from None
-    except Exception as exc:  # zipfile errors and the like
-        raise DecodeError(f"bad .npz: {exc}") from None
 
 
 def decode_raw(data: memoryview) -> np.ndarray:
@@ -163,34 +132,45 @@ def decode_bytes(data: memoryview) -> bytes:
 
 
 
-def decode_msgpack(data: memoryview) -> Any:
-    """``msgpack.unpackb`` with its defaults, as webdataset calls it (str keys, lists, no code run)."""
+def decode_msgpack(data: memoryview, bound: int = DEFAULT_MAX_MEMBER_BYTES) -> Any:
+    """``msgpack.unpackb`` with its defaults, as webdataset calls it (str keys, lists, no code run), and the
+    bound: declared lengths past it refused, values counted where the member could hold too many."""
     import msgpack
 
+    hooks: dict[str, Any] = {}
+    if not fits_uncounted(len(data), bound):
+        tally = MsgpackTally(len(data), bound)
+        hooks = {"list_hook": tally.list_hook, "object_hook": tally.object_hook}
     try:
-        return msgpack.unpackb(data)
-    except Exception as exc:  # ExtraData, FormatError, StackError, unhashable keys ...
-        raise DecodeError(f"bad msgpack: {exc}") from None
+        return msgpack.unpackb(data, **msgpack_limits(bound), **hooks)
+    except MemberTooLarge:
+        raise
+    except Exception as exc:  # ExtraData, FormatError, StackError (deep nesting), unhashable keys ...
+        check_msgpack(data, bound)  # a declared length past the bound says why
+        raise DecodeError(f"bad msgpack: {exc or type(exc).__name__}") from None
 
 
 decode_msgpack.package = "msgpack"  # type: ignore[attr-defined]
 
 
-def decode_cbor(data: memoryview) -> Any:
+def decode_cbor(data: memoryview, bound: int = DEFAULT_MAX_MEMBER_BYTES) -> Any:
+    """``cbor2.loads`` (which refuses nesting deeper than 400), after the bound's walk of the item heads."""
     import cbor2
 
+    check_cbor(data, bound)
     try:
         return cbor2.loads(data)
     except Exception as exc:  # CBORDecodeError and what a tag's own decoding raises
+        check_cbor(data, bound, small_too=True)  # a declared length past the bound says why
         raise DecodeError(f"bad CBOR: {exc}") from None
 
 
 decode_cbor.package = "cbor2"  # type: ignore[attr-defined]
 
 
-def decode_tenbin(data: memoryview) -> list[np.ndarray]:
+def decode_tenbin(data: memoryview, bound: int = DEFAULT_MAX_MEMBER_BYTES) -> list[np.ndarray]:
     try:
-        return tenbin.decode(data)
+        return tenbin.decode(data, bound)
     except tenbin.TenbinError as exc:
         raise DecodeError(f"bad tenbin (.ten): {exc}") from None
 
@@ -224,47 +204,61 @@ class Refuse:
         raise UnsafeMemberError(unsafe_reason(self.ext))
 
 
-class Gunzip:
-    """A ``<ext>.gz`` member: decompressed, then decoded by ``<ext>``'s decoder (webdataset's gzfilter)."""
+class Bounded:
+    """A default decoder that takes the bound, with the bound of its ``Decoder`` (picklable, unlike a closure)."""
 
-    def __init__(self, inner: DecodeFn):
-        self.inner = inner
-        self.package = getattr(inner, "package", None)
+    def __init__(self, fn: Callable[[memoryview, int], Any], bound: int):
+        self.fn, self.bound = fn, bound
+        self.package = getattr(fn, "package", None)
 
     def __call__(self, data: memoryview) -> Any:
-        try:
-            plain = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise DecodeError(f"bad gzip member: {exc}") from None
-        return self.inner(memoryview(plain))
+        return self.fn(data, self.bound)
 
 
-DEFAULT_DECODERS: dict[str, DecodeFn] = {
-    **{ext: decode_image for ext in IMAGE_EXTENSIONS},
-    **{ext: decode_cls for ext in INT_EXTENSIONS},
-    **{ext: decode_text for ext in TEXT_EXTENSIONS},
-    **{ext: decode_json for ext in JSON_EXTENSIONS},
-    **{ext: decode_msgpack for ext in MSGPACK_EXTENSIONS},
-    **{ext: decode_tenbin for ext in TENBIN_EXTENSIONS},
-    **{ext: Refuse(ext) for ext in UNSAFE_EXTENSIONS},
-    "cbor": decode_cbor,
-    "pth": decode_pth,
-    "npy": decode_npy,
-    "npz": decode_npz,
-    "bin": decode_raw,
-}
+class Decompress:
+    """A ``<ext>.gz`` (``.bz2``, ``.xz``, ``.zst``) member: decompressed within the bound, then decoded by
+    ``<ext>``'s decoder (webdataset's gzfilter, for each compressor); ``<ext>`` may be compressed again."""
+
+    def __init__(self, suffix: str, inner: DecodeFn, bound: int):
+        self.suffix, self.inner, self.bound = suffix, inner, bound
+        self.packages = tuple(p for p in (PACKAGES.get(suffix), getattr(inner, "package", None),
+                                          *getattr(inner, "packages", ())) if p)
+
+    def __call__(self, data: memoryview) -> Any:
+        return self.inner(memoryview(INFLATE[self.suffix](data, self.bound)))
+
+
+_BOUNDED = {"cbor": decode_cbor, "npy": decode_npy, "npz": decode_npz, **{e: decode_image for e in IMAGE_EXTENSIONS},
+            **{e: decode_json for e in JSON_EXTENSIONS}, **{e: decode_msgpack for e in MSGPACK_EXTENSIONS},
+            **{e: decode_tenbin for e in TENBIN_EXTENSIONS}}
+
+
+def default_decoders(bound: int = DEFAULT_MAX_MEMBER_BYTES) -> dict[str, DecodeFn]:
+    """webdataset's table, each decoder that could take more than it is given bounded by ``bound``."""
+    return {
+        **{ext: Bounded(fn, bound) for ext, fn in _BOUNDED.items()},
+        **{ext: decode_cls for ext in INT_EXTENSIONS},
+        **{ext: decode_text for ext in TEXT_EXTENSIONS},
+        **{ext: Refuse(ext) for ext in UNSAFE_EXTENSIONS},
+        "pth": decode_pth,  # torch reads only what the member holds: the stored size bounds it
+        "bin": decode_raw,
+    }
 
 
 class Decoder:
-    """Maps an extension to its decode function; picklable when its overrides are."""
+    """Maps an extension to its decode function, every member bounded by ``max_member_bytes``; picklable when
+    its overrides are."""
 
-    def __init__(self, decode: bool | Mapping[str, DecodeFn] = True):
+    def __init__(self, decode: bool | Mapping[str, DecodeFn] = True,
+                 max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES):
+        self.max_member_bytes = max_member_bytes
+        defaults = default_decoders(max_member_bytes)
         if decode is False:
             self._table: dict[str, DecodeFn] = {}
         elif decode is True:
-            self._table = dict(DEFAULT_DECODERS)
+            self._table = defaults
         elif isinstance(decode, Mapping):
-            self._table = {**DEFAULT_DECODERS, **{k.lower().lstrip("."): v for k, v in decode.items()}}
+            self._table = {**defaults, **{k.lower().lstrip("."): v for k, v in decode.items()}}
         else:
             raise TypeError(
                 f"decode: expected True, False or a dict of extension -> function, got {type(decode).__name__}"
@@ -272,14 +266,22 @@ class Decoder:
         self._resolved: dict[str, DecodeFn] = {}  # extension -> its decoder, worked out once per extension
 
     def __call__(self, ext: str, data: memoryview) -> Any:
-        return self.function(ext)(data)
+        """The member decoded; ``MemberTooLarge`` (naming it) when it is, or would decode to, more than the bound."""
+        fn = self.function(ext)
+        try:
+            check_stored(len(data), self.max_member_bytes)
+            return fn(data)
+        except MemberTooLarge as exc:
+            if exc.member is None:
+                exc.member = ext
+            raise
 
     def function(self, ext: str) -> DecodeFn:
         """The decoder of an extension, in webdataset's order.
 
         The table's own entry for the whole extension (a user's ``seg.png`` or ``txt.gz``) first; then a
-        ``.gz`` member is gunzipped and decoded by what it wraps; then the last part (``seg.png`` -> png);
-        else bytes.
+        ``.gz`` (``.bz2``, ``.xz``, ``.zst``) member is decompressed and decoded by what it wraps; then the
+        last part (``seg.png`` -> png); else bytes.
         """
         fn = self._resolved.get(ext)
         if fn is None:
@@ -287,9 +289,10 @@ class Decoder:
         return fn
 
     def _resolve(self, ext: str) -> DecodeFn:
-        if ext not in self._table and self._table and (ext == "gz" or ext.endswith(GZIP_SUFFIX)):
-            inner = ext[: -len(GZIP_SUFFIX)]
-            return Gunzip(self._plain(inner) if inner else decode_bytes)
+        split = split_suffix(ext)
+        if ext not in self._table and self._table and split is not None:
+            inner, suffix = split
+            return Decompress(suffix, self.function(inner) if inner else decode_bytes, self.max_member_bytes)
         return self._plain(ext)
 
     def _plain(self, ext: str) -> DecodeFn:
@@ -302,10 +305,11 @@ class Decoder:
         """{extension: package} for the members whose decoder needs a package that is not installed."""
         out = {}
         for ext in extensions:
-            package = getattr(self.function(ext), "package", None)
-            if package:
-                try:
-                    importlib.import_module(package)
-                except ImportError:
-                    out[ext] = package
+            fn = self.function(ext)
+            for package in (getattr(fn, "package", None), *getattr(fn, "packages", ())):
+                if package and ext not in out:
+                    try:
+                        importlib.import_module(package)
+                    except ImportError:
+                        out[ext] = package
         return out

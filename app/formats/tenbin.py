@@ -5,14 +5,18 @@ the data padded to 64 bytes. Arrays come in pairs of chunks: a header (int64s: t
 short name as 8 ASCII bytes, an 8-byte info string, the rank, the dimensions) and the data.
 This reader gives what ``webdataset.tenbin.decode_buffer`` gives — a list of arrays,
 one per pair — and checks every length against the buffer, so a damaged member is an error,
-never a read past its end.
+never a read past its end. A header declaring more bytes than the member may take
+(``max_member_bytes``) is ``MemberTooLarge``, however few bytes follow it.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 
 import numpy as np
+
+from .bounds import MemberTooLarge, about
 
 MAGIC = b"~TenBin~"
 _DTYPES = {"f2": "float16", "f4": "float32", "f8": "float64", "i1": "int8", "i2": "int16", "i4": "int32",
@@ -47,8 +51,8 @@ def _ascii(word: int) -> str:
         raise TenbinError("a header's dtype is not ASCII") from None
 
 
-def decode(data: memoryview) -> list[np.ndarray]:
-    """The arrays of a tenbin buffer, in order (views into ``data``)."""
+def decode(data: memoryview, bound: int | None = None) -> list[np.ndarray]:
+    """The arrays of a tenbin buffer, in order (views into ``data``); none declaring more than ``bound``."""
     chunks = _chunks(memoryview(data).cast("B"))
     if len(chunks) % 2:
         raise TenbinError("an array header without its data")
@@ -67,7 +71,9 @@ def decode(data: memoryview) -> list[np.ndarray]:
         if any(d < 0 for d in shape):
             raise TenbinError(f"negative dimension in {shape}")
         dtype = np.dtype(name)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)  # a Python integer: no shape overflows into a small size
+        if bound is not None and count * dtype.itemsize > bound:
+            raise MemberTooLarge(f"declares a {shape} {name} array ({about(count * dtype.itemsize)}),", bound)
         if count * dtype.itemsize > len(body):
             raise TenbinError(f"array {shape} {name} needs {count * dtype.itemsize} bytes, the chunk has {len(body)}")
         arrays.append(np.frombuffer(body, dtype=dtype, count=count).reshape(shape))

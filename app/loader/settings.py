@@ -16,6 +16,7 @@ from numbers import Integral, Real
 from typing import Any
 
 from ..errors import SettingError
+from ..formats.bounds import DEFAULT_MAX_MEMBER_BYTES  # one member, stored or decoded (formats/bounds.py)
 from .device.decode_settings import DeviceDecode
 from .plan.rank import Rank
 from .tune import autotune
@@ -49,6 +50,10 @@ def _number(name: str, value: Any, minimum: float) -> float:
     if not isinstance(value, Real) or isinstance(value, bool) or value < minimum:
         raise SettingError(name, f"must be a number >= {minimum}, got {value!r}")
     return float(value)
+
+
+MIN_MEMBER_BYTES = 1 << 10
+MIN_WORKER_MEMORY = 256 << 20
 
 
 def default_ring_slots(workers: int, transfer_threads: int, device_queue: int = 2) -> int:
@@ -88,6 +93,8 @@ class LoaderSettings:
     min_shards: int = 1
     wait_timeout: float = 60.0
     device_decode: DeviceDecode | None = None  # image fields decoded after the ring, where the batch lands
+    max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES  # the most one member may take, stored or decoded (bounds)
+    worker_memory: int = 0  # bytes of private resident memory a worker may hold before it is replaced (0: no ceiling)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -103,6 +110,12 @@ class LoaderSettings:
         set_(self, "shuffle_buffer", _int("shuffle_buffer", self.shuffle_buffer, 0))
         set_(self, "seed", _int("seed", self.seed, 0))
         set_(self, "min_shards", _int("min_shards", self.min_shards, 1))
+        set_(self, "max_member_bytes", _int("max_member_bytes", self.max_member_bytes, MIN_MEMBER_BYTES))
+        set_(self, "worker_memory", _int("worker_memory", self.worker_memory, 0))
+        if 0 < self.worker_memory < MIN_WORKER_MEMORY:
+            raise SettingError("worker_memory", f"{self.worker_memory} bytes is below what a worker needs to start "
+                                                f"(its interpreter, numpy and torch take tens of MiB before it decodes anything): set at least "
+                                                f"{MIN_WORKER_MEMORY >> 20} MiB, or 0 for no ceiling")
         if self.side_bytes is not None:
             set_(self, "side_bytes", _int("side_bytes", self.side_bytes, 64))
         if self.ring_slots is not None:

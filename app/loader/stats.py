@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 from ..sink import NullSink, StatsSink
 
 # Labels of feedline_sample_errors_total{reason}; the order is the wire order.
-ERROR_REASONS = ("corrupt", "too_large", "missing_field", "shape_mismatch", "bad_shard", "evicted", "worker_crash")
+ERROR_REASONS = ("corrupt", "too_large", "missing_field", "shape_mismatch", "bad_shard", "evicted", "worker_crash",
+                 "member_too_large")
 # Skips that say nothing about the data: a shard the sampler evicted before a worker opened it (DESIGN.md:
 # "skips it with a counted warning, never a crash"). Counted, but outside the failure budget.
 BUDGET_EXEMPT = frozenset({"evicted"})
-# Labels of feedline_worker_restarts_total{reason}: a worker that died, or one that made no progress.
-RESTART_REASONS = ("crashed", "stalled")
+# Labels of feedline_worker_restarts_total{reason}: a worker that died, one that made no progress, one over
+# its memory ceiling (worker_memory).
+RESTART_REASONS = ("crashed", "stalled", "memory")
 
 QUEUES = ("free", "decoded", "device")
 BYTE_STAGES = ("read", "decoded", "transferred")

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ...formats.decoders import DecodeError, Decoder
+from ...formats.decoders import DecodeError, Decoder, MemberTooLarge
 from ..layout.sample import FieldSelection, load_sample
 from ..layout.side import SideWriter
 from ..layout.spec import SampleRejected, fill
@@ -50,6 +50,7 @@ from .messages import (
 log = logging.getLogger("feedline.worker")
 _REASON = {r: i for i, r in enumerate(ERROR_REASONS)}
 _LOG_FIRST = 5  # per reason and epoch; the counters carry the rest
+_RAISE_BOUND = "raise FEEDLINE_MAX_MEMBER_BYTES / --max-member-bytes if this data is meant"
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,10 @@ class Worker:
             except SampleRejected as exc:
                 errors[_REASON[exc.reason]] += 1
                 ep.note(exc.reason, f"{item.shard.path} sample {item.sample.key!r}: {exc}; skipped")
+            except MemberTooLarge as exc:  # refused before its memory was taken (formats/bounds.py)
+                errors[_REASON["member_too_large"]] += 1
+                ep.note("member_too_large", f"{item.shard.path} sample {item.sample.key!r}: {exc}; skipped "
+                                            f"({_RAISE_BOUND})")
             except DecodeError as exc:
                 errors[_REASON["corrupt"]] += 1
                 ep.note("corrupt", f"{item.shard.path} sample {item.sample.key!r}: {exc}; skipped")
