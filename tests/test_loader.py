@@ -393,7 +393,7 @@ def test_a_stopped_worker_is_replaced_with_its_stack_logged_and_no_sample_lost(s
                     os.kill(loader._pipeline.pool.worker_pids()[1], signal.SIGSTOP)
             stats = loader.stats()
     assert sorted(seen) == list(range(6 * 37))
-    assert stats.worker_restarts == {"crashed": 0, "stalled": 1}
+    assert stats.worker_restarts == {"crashed": 0, "stalled": 1, "memory": 0}
     logged = [r.getMessage() for r in caplog.records if "no progress for" in r.getMessage()]
     assert len(logged) == 1
     assert "worker 1 stalled" in logged[0]
@@ -407,7 +407,7 @@ def test_a_sample_that_hangs_its_worker_twice_is_skipped_and_counted_naming_shar
             got = sorted(ids_of(loader))
             stats = loader.stats()
     assert got == [i for i in range(6 * 37) if i != 40]
-    assert stats.worker_restarts == {"crashed": 0, "stalled": 2}
+    assert stats.worker_restarts == {"crashed": 0, "stalled": 2, "memory": 0}
     assert stats.sample_errors_total["worker_crash"] == 1
     logged = [r.getMessage() for r in caplog.records if "no progress for" in r.getMessage()]
     assert len(logged) == 2 and all("ids-0001.tar sample 's0000040'" in m for m in logged)

@@ -25,6 +25,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 from dataclasses import dataclass
@@ -124,11 +125,14 @@ class WorkerProcess:
     """One worker in a fresh interpreter, started by ``os.posix_spawn``; the part of ``Popen`` the supervisor uses.
 
     Its pidfd (``sentinel``) says when it exits and signals exactly this process, never a reused pid.
+    The dispatcher and the memory watcher both ask ``is_alive()``: one ``waitpid`` at a time, so the
+    exit code is never lost to the other's ``ChildProcessError``.
     """
 
     def __init__(self, pid: int):
         self.pid = pid
         self._exitcode: int | None = None
+        self._reaping = threading.Lock()
         try:
             self.sentinel: int | None = os.pidfd_open(pid)
         except (AttributeError, OSError):  # no pidfds (old kernel): the pipe's end of file tells instead
@@ -137,13 +141,15 @@ class WorkerProcess:
     @property
     def exitcode(self) -> int | None:
         if self._exitcode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored, os.wait()): it is gone all the same
-                self._exitcode = -1
-            else:
-                if pid:
-                    self._exitcode = os.waitstatus_to_exitcode(status)
+            with self._reaping:
+                if self._exitcode is None:
+                    try:
+                        pid, status = os.waitpid(self.pid, os.WNOHANG)
+                    except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored, os.wait()): gone all the same
+                        self._exitcode = -1
+                    else:
+                        if pid:
+                            self._exitcode = os.waitstatus_to_exitcode(status)
         return self._exitcode
 
     def is_alive(self) -> bool:

@@ -52,7 +52,7 @@ class WorkerPool:
 
     def __init__(self, ring: BatchRing, launcher: Launcher, setup: dict[str, Any], workers: int,
                  stats: StatsRecorder, error_budget: ErrorBudget, *, in_order: bool = True,
-                 worker_timeout: float = 0.0, stall_timeout: float = 120.0,
+                 worker_timeout: float = 0.0, stall_timeout: float = 120.0, worker_memory: int = 0,
                  on_tick: Callable[[], None] | None = None):
         self._stats = stats
         self.stall_timeout = stall_timeout
@@ -62,7 +62,7 @@ class WorkerPool:
         self._scheduler = Scheduler(ring.slots, workers, in_order)
         self._beat = Heartbeat("the loader's dispatcher thread")
         self._supervisor = Supervisor(ring, launcher, setup, workers, worker_timeout, stats.worker_restarted,
-                                      self._beat)
+                                      self._beat, worker_memory)
         self._waiting: dict[int, list[float]] = {}  # consumer thread -> [waiting since, last asked]
         self._dispatcher_stuck = False
         self._locked = BoundedLock(self._cv, stall_timeout, self.check_dispatcher)  # a consumer's: bounded
@@ -244,7 +244,7 @@ class WorkerPool:
                     self._handle(w, msg)
                 for w in dead:
                     doing = self._doing(w)
-                    self._replace(w, "crashed", f": it was {doing}" if doing else "")
+                    self._replace(w, "crashed", f": it was {doing}" if doing else "", doing)
                 now = time.monotonic()
                 stalled, late, stuck = [], [], False
                 if now - last_check >= self._wait:  # not on every message: it reads the status table
@@ -266,7 +266,7 @@ class WorkerPool:
                                                                                      else "")
                 stack = self._supervisor.stack_of(w)
                 with self._cv:
-                    self._replace(w, "stalled", where + (f"; its stack:\n{stack}" if stack else ""))
+                    self._replace(w, "stalled", where + (f"; its stack:\n{stack}" if stack else ""), doing)
                     self._cv.notify_all()
             if self._on_tick is not None and now - last_tick >= TICK:
                 last_tick = now
@@ -353,10 +353,10 @@ class WorkerPool:
                 f"log names each shard and key; fix or remove those shards, or raise max_sample_errors"
             )
 
-    def _replace(self, w: int, reason: str, where: str) -> None:
+    def _replace(self, w: int, reason: str, where: str, doing: str = "") -> None:
         if self._stopping:
             return
-        self._supervisor.replace(w, reason, self._scheduler.epoch, where)
+        self._supervisor.replace(w, reason, self._scheduler.epoch, where, doing)
         self._resend(w)
 
     def _resend(self, *workers: int) -> None:

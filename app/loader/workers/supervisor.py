@@ -5,10 +5,12 @@ A worker that dies (killed, a segfaulting decoder) or makes no progress for
 network filesystem) is replaced; the replacement resumes its stream after the
 last batch the worker delivered, so nothing is lost or repeated. A sample in
 hand at two deaths or stalls of the same worker is skipped next time and
-counted. A worker that keeps dying without delivering is a ``LoaderError``, and
-so is one that has not finished starting within ``stall_timeout`` (the pool asks).
+counted; one killed above ``worker_memory`` (``memory.py``) counts as a death. A
+worker that keeps dying without delivering is a ``LoaderError``, and so is one
+that has not finished starting within ``stall_timeout`` (the pool asks).
 
-Only the pool's dispatcher thread calls it, except ``send()`` and ``wake()``.
+Only the pool's dispatcher thread calls it, except ``send()`` and ``wake()``; the memory
+watcher's thread reads the processes under the lock ``_forget()`` drops them under.
 Messages to a worker never block the sender: each worker has an outbox, flushed as its pipe
 takes bytes, so a stalled worker cannot stall the dispatcher that would notice.
 """
@@ -18,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import selectors
-import signal
 import socket
 import struct
 import threading
@@ -31,12 +32,13 @@ from ..errors import LoaderError
 from ..ring.batch_ring import BatchRing
 from ..watchdog import Heartbeat
 from .launch import Launcher, WorkerProcess
-from .messages import READY, STACK_SIGNAL, STOP
+from .memory import MemoryWatcher, over_ceiling
+from .messages import READY, STOP
+from .stacks import read_stack
 
 log = logging.getLogger("feedline.loader")
 
 MAX_RESTARTS_WITHOUT_PROGRESS = 3
-STACK_WAIT = 1.0  # seconds a stalled worker gets to write its stack before it is killed
 STOP_WAIT = 2.0  # seconds the workers get, together, to exit after STOP before they are killed
 _HEADER = struct.Struct("!i")  # a message's length, as multiprocessing's Connection frames it
 _RECV_BYTES = 1 << 16
@@ -77,7 +79,8 @@ class Supervisor:
     """Owns W worker processes and their pipes."""
 
     def __init__(self, ring: BatchRing, launcher: Launcher, setup: dict[str, Any], workers: int,
-                 worker_timeout: float, on_restart: Callable[[str], None], beat: Heartbeat | None = None):
+                 worker_timeout: float, on_restart: Callable[[str], None], beat: Heartbeat | None = None,
+                 worker_memory: int = 0):
         self._ring = ring
         self._beat = beat or Heartbeat("the supervisor")  # says what the dispatcher does when it may block
         self.last_progress = time.monotonic()  # a message from a worker, or a change in the status table
@@ -88,7 +91,9 @@ class Supervisor:
         self._procs = [_Proc(i) for i in range(workers)]
         self._selector = selectors.DefaultSelector()
         self._fd_lock = threading.Lock()  # wake() against close(): never write into a reused fd number
-        self._out_lock = threading.Lock()  # a worker's outbox and socket: send() from any thread against _forget()
+        self._out_lock = threading.Lock()  # a worker's outbox, socket and process: send() and the memory watcher
+        # from their threads against _forget()
+        self._memory = MemoryWatcher(worker_memory, self._live, self._out_lock) if worker_memory > 0 else None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
@@ -97,6 +102,8 @@ class Supervisor:
         """Start every worker (from the dispatcher thread: a worker dies with the thread that started it)."""
         for p in self._procs:
             self._spawn(p)
+        if self._memory is not None:
+            self._memory.start()
 
     @property
     def workers(self) -> int:
@@ -271,29 +278,7 @@ class Supervisor:
     def stack_of(self, worker: int) -> str:
         """Every thread's Python stack of a (stalled, or late to start) worker, written by its faulthandler."""
         p = self._procs[worker]
-        if p.process is None or not p.process.is_alive():
-            return ""
-        try:
-            os.kill(p.process.pid, STACK_SIGNAL)
-            os.kill(p.process.pid, signal.SIGCONT)  # a stopped process handles the signal once continued
-        except ProcessLookupError:
-            return ""
-        chunks: list[bytes] = []
-        deadline = time.monotonic() + STACK_WAIT
-        quiet_until = None
-        while time.monotonic() < deadline:
-            try:
-                chunk = os.read(p.stack_r, 65536)
-            except BlockingIOError:
-                chunk = b""
-            if chunk:
-                chunks.append(chunk)
-                quiet_until = time.monotonic() + 0.1
-            elif quiet_until is not None and time.monotonic() > quiet_until:
-                break
-            else:
-                time.sleep(0.01)
-        return b"".join(chunks).decode("utf-8", "replace").rstrip()
+        return read_stack(p.process, p.stack_r) if p.process is not None else ""
 
     # -- epochs and restarts --------------------------------------------------------------------------
 
@@ -305,23 +290,32 @@ class Supervisor:
     def poison(self, worker: int) -> tuple[int, ...]:
         return tuple(sorted(self._procs[worker].poison))
 
-    def replace(self, worker: int, reason: str, epoch: int, where: str = "") -> None:
-        """Start another process in place of ``worker`` (dead, or stalled: killed here)."""
+    def replace(self, worker: int, reason: str, epoch: int, where: str = "", doing: str = "") -> None:
+        """Start another process in place of ``worker`` (dead, or stalled: killed here).
+
+        One the memory watcher killed is replaced for the reason "memory", whatever the caller saw.
+        """
         p = self._procs[worker]
         hand = self.in_hand(worker)
+        proc = p.process
         code = self._forget(p)
+        held = self._memory.killed(proc) if self._memory is not None and proc is not None else None
         if hand.epoch == epoch and hand.pos >= 0:
             if hand.pos == p.last_crash_pos:
                 p.poison.add(hand.pos)  # the same sample took it down twice: skip it next time
             p.last_crash_pos = hand.pos
         p.restarts_without_progress += 1
+        if held is not None and self._memory is not None:
+            reason, (what, where, hint) = "memory", over_ceiling(self._memory.ceiling, held, doing)
+        else:
+            what, where = ("died" if reason == "crashed" else "stalled"), f" (exit code {code})" + where
+            hint = "see the worker log above"
         self._on_restart(reason)
-        what = "died" if reason == "crashed" else "stalled"
-        log.warning("worker %d %s (exit code %s)%s; replacing it", worker, what, code, where)
+        log.warning("worker %d %s%s; replacing it", worker, what, where)
         if p.restarts_without_progress > MAX_RESTARTS_WITHOUT_PROGRESS:
             raise LoaderError(
                 f"worker {worker} {what} {p.restarts_without_progress} times without delivering a batch "
-                f"(last exit code {code}); see the worker log above"
+                f"(last exit code {code}); {hint}"
             )
         self._spawn(p)
 
@@ -367,9 +361,15 @@ class Supervisor:
         self._beat.beat()
         return proc.exitcode
 
+    def _live(self) -> list[tuple[int, WorkerProcess]]:
+        """(index, process) of every worker process not yet dropped (the memory watcher's, under ``_out_lock``)."""
+        return [(p.index, p.process) for p in self._procs if p.process is not None]
+
     def kill_all(self) -> None:
         """Kill and reap every worker from another thread, when the dispatcher is stuck (it closes the rest
         if it ever comes back)."""
+        if self._memory is not None:
+            self._memory.stop(wait=False)
         for p in list(self._procs):
             proc = p.process
             if proc is not None:
@@ -381,6 +381,8 @@ class Supervisor:
 
     def close(self, graceful: bool = True) -> None:
         """Ask every worker to stop, give them ``STOP_WAIT`` together, kill what is left, close every pipe."""
+        if self._memory is not None:
+            self._memory.stop()
         if graceful:
             for p in self._procs:
                 self.send(p.index, STOP)

@@ -1,0 +1,103 @@
+"""The memory ceiling of the decode workers (worker_memory), with real worker processes.
+
+A worker starts with about 20 MiB of private resident memory (the interpreter and numpy; the ring and the
+shards it maps are shared pages and do not count), so a 320 MiB ceiling leaves room to decode and fails
+only on what the transforms below allocate.
+"""
+
+import logging
+import re
+import threading
+import time
+
+import numpy as np
+from helpers import id_shards
+
+from feedline import StagingLoader
+
+MiB = 1 << 20
+CEILING = 320 * MiB
+ID_SPEC = {"cls": "int64", "bin": ("uint8", (64,))}
+
+
+def ids_of(loader):
+    return [int(i) for b in loader for i in b["cls"]]
+
+
+def memory_lines(caplog):
+    return [r.getMessage() for r in caplog.records if "memory ceiling" in r.getMessage()]
+
+
+class AllocateOn:
+    """On one sample, allocates ``nbytes`` in one C call (every page touched) and holds it, as a runaway
+    decode would."""
+
+    def __init__(self, value: int, nbytes: int):
+        self.value = value
+        self.nbytes = nbytes
+
+    def __call__(self, sample):
+        if int(sample["cls"]) == self.value:
+            held = np.ones(self.nbytes, np.uint8)
+            time.sleep(60)  # the watcher kills it long before
+            del held
+        return sample
+
+
+_LEAKED: list = []  # in the worker: grows for the worker's life
+
+
+class Leak:
+    """Keeps ``nbytes`` for every sample it sees, as a cache that never evicts would."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+    def __call__(self, sample):
+        _LEAKED.append(np.ones(self.nbytes, np.uint8))
+        return sample
+
+
+def test_a_sample_that_takes_its_worker_past_the_ceiling_twice_is_skipped_and_counted(shards, caplog, capfd):
+    with caplog.at_level(logging.WARNING, logger="feedline.loader"):
+        with StagingLoader(shards, batch_size=4, workers=2, spec=ID_SPEC, transform=AllocateOn(40, 1 << 30),
+                           worker_memory=CEILING) as loader:
+            got = ids_of(loader)
+            stats = loader.stats()
+    assert sorted(got) == [i for i in range(6 * 37) if i != 40]  # every other sample, each once
+    assert stats.worker_restarts == {"crashed": 0, "stalled": 0, "memory": 2}
+    assert stats.sample_errors_total["worker_crash"] == 1
+    logged = memory_lines(caplog)
+    assert len(logged) == 2
+    assert all("worker_memory=320 MiB" in m and "ids-0001.tar sample 's0000040'" in m for m in logged), logged
+    held = [int(re.search(r"\((\d+) MiB private resident\)", m).group(1)) for m in logged]
+    # killed on its way to 1 GiB, not after: the watcher reads every 50 ms, the allocation runs at GB/s
+    assert all(320 < h < 320 + 300 for h in held), held
+    assert "sample 's0000040' crashed a worker twice; skipped" in capfd.readouterr().err  # the worker's log
+
+
+def test_no_ceiling_starts_no_watcher(shards):
+    with StagingLoader(shards, batch_size=4, workers=1, spec=ID_SPEC) as loader:
+        next(iter(loader))
+        assert "feedline-memory" not in [t.name for t in threading.enumerate()]
+
+
+def test_the_watcher_runs_with_a_ceiling_and_stops_with_the_loader(shards):
+    with StagingLoader(shards, batch_size=4, workers=1, spec=ID_SPEC, worker_memory=CEILING) as loader:
+        next(iter(loader))
+        assert "feedline-memory" in [t.name for t in threading.enumerate()]
+    assert "feedline-memory" not in [t.name for t in threading.enumerate()]
+
+
+def test_a_worker_whose_memory_creeps_is_replaced_and_no_sample_is_lost_or_skipped(tmp_path, caplog):
+    few = id_shards(str(tmp_path / "few"), shards=2, per_shard=20)
+    with caplog.at_level(logging.WARNING, logger="feedline.loader"):
+        with StagingLoader(few, batch_size=4, workers=1, spec=ID_SPEC, transform=Leak(20 * MiB),
+                           worker_memory=CEILING) as loader:
+            got = ids_of(loader)
+            stats = loader.stats()
+    assert sorted(got) == list(range(40))  # the sample in hand at each kill is decoded by the next worker
+    assert stats.worker_restarts["memory"] >= 2
+    assert stats.worker_restarts["crashed"] == stats.worker_restarts["stalled"] == 0
+    assert stats.sample_errors_total["worker_crash"] == 0
+    assert len(memory_lines(caplog)) == stats.worker_restarts["memory"]
