@@ -148,6 +148,49 @@ def test_ranks_that_name_different_epochs_get_one_clear_error_naming_both(tmp_pa
     assert "rank 0: 3, rank 1: 0" in run.stderr and "set_epoch" in run.stderr
 
 
+LENGTH = textwrap.dedent("""
+    import json, sys
+    import torch.distributed as dist
+    from feedline import StagingLoader
+    dist.init_process_group("gloo")
+    try:
+        with StagingLoader(sys.argv[1], batch_size=4, workers=1, spec={"cls": "int64"},
+                           equal_batches=sys.argv[2]) as loader:
+            seen = []
+            for epoch in range(2):
+                before = len(loader)  # what a trainer sizing its epoch asks first
+                n = 0
+                for batch in loader:
+                    n += 1
+                    during = len(loader)
+                seen.append([before, during, n])
+            sys.stdout.write("RESULT " + json.dumps(seen) + "\\n")
+    finally:
+        dist.destroy_process_group()
+""")
+
+
+@pytest.mark.parametrize("mode, pick", [("drop", min), ("pad", max)])
+def test_len_under_torch_distributed_is_the_batch_count_the_ranks_agreed_on(tmp_path, mode, pick):
+    from feedline.loader.plan.epoch_plan import EpochPlan
+    from feedline.loader.plan.rank import Rank
+
+    data = jpeg_shards(str(tmp_path / "data"), [30, 8, 8])  # 3 shards for 2 ranks: never an even split
+    shards = sorted(glob.glob(data))
+    counts = {e: [EpochPlan.make(shards, epoch=e, seed=0, rank=Rank(r, 2), workers=1).batches(4, False)
+                  for r in (0, 1)] for e in (0, 1)}
+    assert counts[0][0] != counts[0][1]
+    script = tmp_path / "length.py"
+    script.write_text(LENGTH)
+    run = torchrun(str(script), data, mode, env={"PYTHONPATH": ROOT}, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in run.stdout.splitlines() if "RESULT " in line]
+    assert len(results) == 2
+    for epoch in (0, 1):
+        agreed = pick(counts[epoch])
+        assert [r[epoch] for r in results] == [[agreed, agreed, agreed]] * 2  # len() == what the loop yields
+
+
 def test_a_rank_that_dies_ends_the_job_with_an_error_instead_of_a_hang(tmp_path):
     data = jpeg_shards(str(tmp_path / "data"), [40] * 4)
     proc = subprocess.Popen([TORCHRUN, "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={_port()}",

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from helpers import ROOT, Sampler, id_samples, id_shards, manifest_ids, wait_for, write_tar
@@ -414,3 +415,28 @@ def test_the_mixed_sidecars_metrics_pass_promtool(tmp_path):
     assert text.count("feedline_build_info{") == 1
     check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_small_source_of_a_mixed_cache_cached_whole_does_not_hold_the_loader_at_min_shards(tmp_path):
+    from feedline.demo.store import FileStore
+
+    id_shards(str(tmp_path / "a"), shards=6, per_shard=20, payload=2048)
+    os.makedirs(tmp_path / "b")
+    write_tar(str(tmp_path / "b" / "ids-0000.tar"), id_samples(1000, 20, 2048))  # a curated source of one shard
+    shard = os.path.getsize(tmp_path / "a" / "ids-0000.tar")
+    cache = str(tmp_path / "cache")
+    with FileStore(str(tmp_path / "a")) as web, FileStore(str(tmp_path / "b")) as rare:
+        source = f"web={web.url}/ids-{{0000..0005}}.tar@4 rare={rare.url}/ids-0000.tar@1"  # 8 and 2 shards' room
+        sampler = Sampler(web, cache, "--policy", "fill", "--budget", str(10 * shard + 100), "--min-shards", "3",
+                          source=source)
+        try:
+            sampler.wait_ready()
+            t0 = time.monotonic()
+            with StagingLoader(cache=cache, batch_size=10, workers=1, spec=SPEC, min_shards=3,
+                               wait_timeout=30) as loader:
+                ids, names = _epoch(loader)
+            waited = time.monotonic() - t0
+        finally:
+            out = sampler.stop()
+    assert sampler.proc.returncode == 0, out[-3000:]
+    assert waited < 15 and "rare" in names

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from helpers import ROOT, Sampler, jpeg_bytes, wait_for, write_tar
+from helpers import ROOT, Sampler, id_shards, jpeg_bytes, publish_copy, wait_for, write_tar
 
 from feedline import StagingLoader
 from feedline.demo.procs import free_port
@@ -137,6 +137,21 @@ def test_run_waits_for_the_cache_and_names_the_settings_when_it_stays_empty(tmp_
     assert done.returncode == 2 and time.monotonic() - started >= 1
     out = " ".join((done.stdout + done.stderr).split())
     assert "FEEDLINE_WAIT_TIMEOUT" in out and "FEEDLINE_MIN_SHARDS" in out
+
+
+def test_run_starts_at_once_on_a_cache_that_holds_its_whole_source_below_min_shards(tmp_path):
+    from feedline.cache.store import CacheStore
+
+    data = tmp_path / "store"
+    id_shards(str(data), shards=2, per_shard=5)
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=1 << 30, source_ids=frozenset({"ids-0000", "ids-0001"}))
+    store.recover()
+    for k in range(2):
+        publish_copy(store, data, k)
+    env = settings(FEEDLINE_CACHE=store.root, FEEDLINE_MIN_SHARDS="4", FEEDLINE_WAIT_TIMEOUT="120")
+    done = feedline_run("--", "true", env=env, timeout=60)  # within 60 s, not the 120 s wait_timeout
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "holds the whole source, 2 shard(s)" in done.stdout + done.stderr
 
 
 # -- StagingLoader.from_env ------------------------------------------------------------------------

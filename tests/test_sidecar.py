@@ -145,11 +145,53 @@ def test_a_shard_evicted_after_the_epoch_started_still_reads_whole(cache, data):
     assert stats.sample_errors_total["evicted"] == 0
 
 
+def test_a_state_taken_after_the_epochs_shards_were_evicted_resumes_the_rest_of_the_epoch(cache, data):
+    store = published(cache, data, 3)
+    with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC, shuffle_buffer=0) as loader:
+        it = iter(loader)
+        ids = [i for _ in range(5) for i in next(it)["cls"].tolist()]
+        store.evict_oldest(2)  # read from the mapped files still; a state must count them as the epoch planned
+        state = loader.state_dict()
+    assert not state["finished"]
+    with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC, shuffle_buffer=0) as again:
+        again.load_state_dict(state)
+        assert again.next_epoch == 0
+        rest = [i for b in again for i in b["cls"].tolist()]
+    assert len(ids) == 20 and len(set(ids + rest)) == len(ids + rest)
+    assert set(range(40, 60)) <= set(rest)  # the shard still cached is read to its end
+
+
 def test_the_loader_waits_for_min_shards_and_then_says_why_it_gave_up(cache):
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="min_shards=2"):
         StagingLoader(cache=cache, spec=SPEC, min_shards=2, wait_timeout=0.5)
     assert time.monotonic() - t0 >= 0.5
+
+
+def test_a_loader_waiting_for_more_shards_than_the_source_has_starts_once_the_whole_source_is_cached(
+        remote, cache, samplers, data):
+    source = f"{remote.url}/ids-{{0000..0001}}.tar"  # two shards; the loader (and compose) asks for four
+    s = Sampler(remote, cache, "--min-shards", "4", "--initial-shards", "4", "--budget", str(20 * shard_bytes(data)),
+                source=source)
+    samplers.append(s)
+    s.wait_ready()  # ready too: the whole source is there
+    assert "whole source" in s.get("/readyz")[1]
+    assert read_manifest(cache).complete
+    t0 = time.monotonic()
+    with StagingLoader(cache=cache, batch_size=8, workers=1, spec=SPEC, min_shards=4, wait_timeout=30) as loader:
+        n = sum(len(b["cls"]) for b in loader)
+    assert time.monotonic() - t0 < 15 and n == 40
+
+
+def test_a_manifest_says_complete_only_while_every_source_shard_is_published(tmp_path, data):
+    ids = sorted(p[: -len(".tar")] for p in os.listdir(data) if p.endswith(".tar"))[:2]
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=10 * shard_bytes(data), source_ids=frozenset(ids))
+    publish_copy(store, data, 0)
+    assert not read_manifest(store.root).complete
+    publish_copy(store, data, 1)
+    assert read_manifest(store.root).complete and store.complete
+    store.evict_oldest(1)
+    assert not read_manifest(store.root).complete
 
 
 def test_the_loader_reports_its_epoch_for_the_sampler(remote, cache, samplers, data):

@@ -31,18 +31,23 @@ class ShardEntry:
 
 @dataclass
 class Manifest:
-    """The whole published state of a cache; each write has a higher generation."""
+    """The whole published state of a cache; each write has a higher generation.
+
+    ``complete``: the cache holds every shard of its source, so nothing more will come and a loader
+    waiting for ``min_shards`` starts with what is there (a store of 2 shards, ``min_shards=4``).
+    """
 
     generation: int = 0
     budget_bytes: int = 0
     shards: list[ShardEntry] = field(default_factory=list)
+    complete: bool = False
 
     @property
     def total_bytes(self) -> int:
         return sum(s.bytes for s in self.shards)
 
     def to_json(self) -> dict[str, Any]:
-        return {"generation": self.generation, "budget_bytes": self.budget_bytes,
+        return {"generation": self.generation, "budget_bytes": self.budget_bytes, "complete": self.complete,
                 "shards": [asdict(s) for s in self.shards]}
 
     @classmethod
@@ -52,6 +57,7 @@ class Manifest:
             generation=int(doc["generation"]),
             budget_bytes=int(doc.get("budget_bytes", 0)),
             shards=[ShardEntry(**{k: v for k, v in s.items() if k in known}) for s in doc["shards"]],
+            complete=bool(doc.get("complete", False)),
         )
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
 from .manifest import Manifest, read_manifest, shard_path
 from .readers import write_reader
+
+log = logging.getLogger("feedline.cache")
 
 
 class CacheWaitTimeout(TimeoutError):
@@ -26,6 +29,7 @@ class CacheSource:
         self.cache_dir = os.fspath(cache_dir)
         self.generation = -1
         self.counts: dict[str, int] = {}  # samples per shard of the last snapshot, from the manifest
+        self.complete = False  # the last snapshot holds every shard of the sampler's source
 
     def manifest(self) -> Manifest | None:
         try:
@@ -38,6 +42,7 @@ class CacheSource:
         if manifest is None:
             return []
         self.generation = manifest.generation
+        self.complete = manifest.complete
         self.counts = {shard_path(self.cache_dir, s.id): s.samples for s in manifest.shards}
         return list(self.counts)
 
@@ -45,7 +50,8 @@ class CacheSource:
         write_reader(self.cache_dir, rank, epoch, self.generation, shards)
 
     def wait_for(self, min_shards: int, timeout: float) -> list[str]:
-        """The snapshot once it holds ``min_shards``; a clear error after ``timeout`` seconds."""
+        """The snapshot once it holds ``min_shards``, or the whole source when that is fewer; a clear error after
+        ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -53,6 +59,10 @@ class CacheSource:
             except ValueError:  # a corrupt manifest: the sampler rebuilds it
                 shards = []
             if len(shards) >= min_shards:
+                return shards
+            if shards and self.complete:
+                log.info("cache %s holds the whole source, %d shard(s): fewer than min_shards=%d, and no more "
+                         "will come; starting", self.cache_dir, len(shards), min_shards)
                 return shards
             if time.monotonic() >= deadline:
                 raise CacheWaitTimeout(

@@ -58,9 +58,11 @@ class Recovery:
 class CacheStore:
     """The cache directory's one writer: keeps the DESIGN.md invariants under one lock."""
 
-    def __init__(self, root: str, budget_bytes: int, on_evict: Callable[[ShardEntry], None] | None = None):
+    def __init__(self, root: str, budget_bytes: int, on_evict: Callable[[ShardEntry], None] | None = None,
+                 source_ids: frozenset[str] | None = None):
         self.root = os.path.abspath(root)
         self.budget_bytes = budget_bytes
+        self.source_ids = source_ids  # every shard of the source: when all are published, the manifest says so
         self.shards_dir = os.path.join(self.root, SHARDS_DIR)
         self.partial_dir = os.path.join(self.shards_dir, PARTIAL_DIR)
         self._lock = threading.Lock()
@@ -86,6 +88,12 @@ class CacheStore:
         with self._lock:
             return self._manifest.generation
 
+    @property
+    def complete(self) -> bool:
+        """Every shard of the source is published (the manifest's ``complete``)."""
+        with self._lock:
+            return self._manifest.complete
+
     def ids(self) -> set[str]:
         with self._lock:
             return {s.id for s in self._manifest.shards}
@@ -96,7 +104,8 @@ class CacheStore:
     # -- writing -------------------------------------------------------------------------
 
     def _write(self, shards: list[ShardEntry]) -> None:
-        m = Manifest(self._manifest.generation + 1, self.budget_bytes, shards)
+        complete = bool(self.source_ids) and self.source_ids <= {s.id for s in shards}
+        m = Manifest(self._manifest.generation + 1, self.budget_bytes, shards, complete)
         write_manifest(self.root, m)
         self._manifest = m
 

@@ -44,7 +44,7 @@ from .plan.resume import RANKS_FORMAT, Cursor, Resume, differing, make_state, ow
 from .plan.sources import MixedSource, PathSource, ShardSource
 from .ring.batch_ring import BatchRing, RingHandle, RingLayout, check_ring_memory
 from .ring.kept import KeptBatches
-from .settings import DeviceDecode, LoaderSettings, unknown_argument
+from .settings import DEFAULT_MAX_MEMBER_BYTES, DeviceDecode, LoaderSettings, unknown_argument
 from .stats import LoaderStats, StatsRecorder
 from .tune.auto import AutoWorkers
 from .tune.autotune import AUTO
@@ -113,6 +113,8 @@ class StagingLoader:
         min_shards: int = 1,
         wait_timeout: float = 60.0,
         device_decode: DeviceDecode | Mapping[str, Any] | bool | None = None,
+        max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
+        worker_memory: int = 0,
         **unknown: Any,
     ):
         if unknown:
@@ -125,7 +127,8 @@ class StagingLoader:
             max_sample_errors=max_sample_errors, worker_timeout=worker_timeout, stall_timeout=stall_timeout,
             side_bytes=side_bytes, decompress_dir=decompress_dir, equal_batches=equal_batches,
             start_method=start_method, rank=rank, starvation_window=starvation_window, min_shards=min_shards,
-            wait_timeout=wait_timeout, device_decode=device_decode)
+            wait_timeout=wait_timeout, device_decode=device_decode, max_member_bytes=max_member_bytes,
+            worker_memory=worker_memory)
         self.device = torch.device(s.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise SettingError("device", f"{s.device!r} but CUDA is not available here; use device='cpu'")
@@ -164,6 +167,7 @@ class StagingLoader:
         self._iterator: weakref.ref[EpochIterator] | None = None  # the current epoch's, to end with the ring
         self._runs = 0  # starts of epochs given to the pool: each start's batches carry its number
         self._auto: AutoWorkers | None = None  # workers="auto" during the first epoch
+        self._planned: EpochPlan | None = None  # the next epoch's plan, made by len() before the epoch starts
 
         first = self.source.wait_for(s.min_shards, max(0.1, s.wait_timeout - waited))
         self.auto_workers = s.workers == AUTO
@@ -183,7 +187,8 @@ class StagingLoader:
                 p.coordinator = RankCoordinator(s.equal_batches)
             if s.device_decode is not None:  # the workers keep those members compressed
                 decode, spec = worker_decode(decode, spec, s.device_decode, selection)
-            p.launcher = Launcher(WorkerCode(Decoder(decode), selection, transform))  # refused if unpicklable
+            p.launcher = Launcher(WorkerCode(Decoder(decode, max_member_bytes=s.max_member_bytes), selection,
+                                                  transform))  # refused if unpicklable
             self.spec, probed = probe_spec(spec, first, self.source.describe(), p.launcher.code())
             if s.device_decode is not None:
                 self.spec = compressed_spec(self.spec, s.device_decode)
@@ -199,6 +204,7 @@ class StagingLoader:
             p.pool = WorkerPool(p.ring, p.launcher, setup.to_json(), s.workers, stats,
                                 ErrorBudget(s.max_sample_errors), in_order=s.in_order,
                                 worker_timeout=s.worker_timeout, stall_timeout=s.stall_timeout,
+                                worker_memory=s.worker_memory,
                                 on_tick=lambda: p.tick(stats, slots))
             if s.device_decode is not None:  # rows it cannot decode count against the failure budget
                 p.decoder = DeviceDecoder(s.device_decode, self.device, s.seed, p.pool.samples_dropped)
@@ -289,7 +295,8 @@ class StagingLoader:
         if resume is not None:
             plan, first, delivered = resume.plan, resume.first, resume.delivered
         else:
-            plan = self._plan_epoch(self._epochs.next)
+            plan = self._next_plan()  # len() may have made it (and the ranks agreed on its batch count)
+        self._planned = None
         self.plan = plan
         counts = getattr(self.source, "counts", {})
         self._counts = {path: counts[path] for path in plan.shards if path in counts}
@@ -299,7 +306,7 @@ class StagingLoader:
         if p.coordinator is not None:  # the same number of batches on every rank, or an error if out of step
             limit = None if resume is not None else self._epochs.agreed(plan.epoch)
             if limit is None:
-                limit = p.coordinator.agree(plan.epoch, plan.batches(s.batch_size, s.drop_last))
+                limit = p.coordinator.agree(plan.epoch, self._batches(plan))
                 self._epochs.remember(plan.epoch, limit)
         self.source.epoch_started(self.rank.rank, plan.epoch, len(plan.shards))
         self._stats.set_epoch(plan.epoch)
@@ -343,6 +350,19 @@ class StagingLoader:
         auto, self._auto = self._auto, None
         if auto is not None:
             self.settings = self.settings.replace(workers=auto.stop(message))
+
+    def _next_plan(self) -> EpochPlan:
+        """The plan of the epoch the next start reads, made once: ``len()`` before the epoch and the start agree."""
+        p, epoch = self._planned, self._epochs.next
+        if p is None or p.epoch != epoch or p.workers != self.settings.workers:
+            p = self._planned = self._plan_epoch(epoch)
+        return p
+
+    def _batches(self, plan: EpochPlan) -> int:
+        """``plan``'s batch count, its shards counted as the manifest had them when the epoch started (or now,
+        for an epoch not yet started): the sidecar may evict them while the epoch runs."""
+        counts = self._counts if plan is self.plan else getattr(self.source, "counts", None)
+        return plan.batches(self.settings.batch_size, self.settings.drop_last, counts or None)
 
     def _plan_epoch(self, epoch: int) -> EpochPlan:
         s = self.settings
@@ -393,7 +413,7 @@ class StagingLoader:
         c, s = self._cursor, self.settings
         if c is not None and self.plan is not None and not c.finished:
             if c.expected is None:  # the epoch's batch count, from the shard indexes, once, when first asked
-                c.expected = c.before + self.plan.batches(s.batch_size, s.drop_last)
+                c.expected = c.before + self._batches(self.plan)
             if c.batches >= c.expected:  # the last batch is in: trainers that stop by len() call no next()
                 c.finished = True
                 self._epochs.ended(self._epochs.current)
@@ -421,6 +441,7 @@ class StagingLoader:
         resume, next_epoch = plan_resume(state, self._state_settings(), self.rank, self.source.snapshot(),
                                          self.source.growing, elastic)
         self._resume = resume
+        self._planned = None
         self._epochs.load(next_epoch)
         if resume is None:  # before an epoch: nothing of the past run's epochs is in progress here
             self.plan, self._cursor = None, None
@@ -429,15 +450,27 @@ class StagingLoader:
         """Batches this rank yields in the current epoch (before iterating: the next one), from the shard indexes.
 
         Exact when no sample is skipped (corrupt, evicted); without ``drop_last`` each worker's last,
-        partial batch counts as one.
+        partial batch counts as one. Under torch.distributed (``equal_batches``) it is the count the ranks
+        agreed on, what the loop yields: for the next epoch that agreement happens here, the one all-gather
+        the epoch's first batch would otherwise make — so every rank asks, as trainers that size their epoch
+        by ``len()`` do.
         """
+        s, coordinator = self.settings, self._pipeline.coordinator
         if self._resume is not None:
-            plan = self._resume.plan
-        elif self.plan is not None and self._cursor is not None and not self._cursor.finished:
-            return self._cursor.before + self.plan.batches(self.settings.batch_size, self.settings.drop_last)
-        else:
-            plan = self._plan_epoch(self._epochs.next)
-        return plan.batches(self.settings.batch_size, self.settings.drop_last)
+            return self._batches(self._resume.plan)
+        if self.plan is not None and self._cursor is not None and not self._cursor.finished:
+            if coordinator is not None and self._cursor.expected is not None:
+                return self._cursor.expected
+            return self._cursor.before + self._batches(self.plan)
+        epoch = self._epochs.next
+        batches = self._batches(self._next_plan())
+        if coordinator is None:
+            return batches
+        agreed = self._epochs.agreed(epoch)
+        if agreed is None:
+            agreed = coordinator.agree(epoch, batches)
+            self._epochs.remember(epoch, agreed)
+        return agreed
 
     def stats(self) -> LoaderStats:
         """Counters and queue depths, named after the metrics in DESIGN.md."""

@@ -56,7 +56,8 @@ class Sidecar:
                                threads=s.fetch_threads)
         self.shards = self._list_source()
         self._check_budget()
-        self.store = CacheStore(self.cache_dir, s.budget, on_evict=lambda e: self.sink.inc("cache_evictions_total"))
+        self.store = CacheStore(self.cache_dir, s.budget, on_evict=lambda e: self.sink.inc("cache_evictions_total"),
+                                source_ids=frozenset(x.id for x in self.shards))
         self.policy: Policy = (GrowPolicy(s.initial_shards, s.grow_shards, s.replace_fraction)
                                if s.policy == "grow" else FillPolicy(s.fetch_threads, s.refresh_per_minute))
         self._plan = shard_plan(self.shards, s.seed)
@@ -159,6 +160,9 @@ class Sidecar:
         store = self.schedule.describe(time.monotonic())
         if n >= self.settings.min_shards:
             return True, f"ready: {n} shards cached; {store}"
+        if n and self.store.complete:
+            return True, f"ready: the whole source is cached ({n} shards, fewer than min_shards="\
+                         f"{self.settings.min_shards}); {store}"
         return False, f"not ready: {n} of min_shards={self.settings.min_shards} shards cached; {store}"
 
     # -- the loop -------------------------------------------------------------------------

@@ -164,17 +164,26 @@ class EpochPlan:
         """Shards this rank reads in the epoch."""
         return len({self.path_of(entry) for a in self.assignment for entry in a})
 
-    def batches(self, batch_size: int, drop_last: bool) -> int:
+    def batches(self, batch_size: int, drop_last: bool, counts: Mapping[str, int] | None = None) -> int:
         """Batches this rank yields in the epoch, from the shard indexes: without ``drop_last`` each worker's
-        last, partial batch counts as one; samples skipped as corrupt would make it fewer."""
+        last, partial batch counts as one; samples skipped as corrupt would make it fewer.
+
+        ``counts`` (samples per shard path, from a cache's manifest as the epoch started) win over the
+        indexes: a shard the sidecar evicted since then still counts what the epoch planned, so a state
+        taken after the eviction never reads an unfinished epoch as finished.
+        """
         total = 0
         for shards, parts in zip(self.assignment, self.parts):
             n = 0
             for entry, part in zip(shards, parts):
-                try:
-                    count = len(load_index(self.path_of(entry)).samples)
-                except ShardError:
-                    continue
+                path = self.path_of(entry)
+                if counts is not None and path in counts:
+                    count = counts[path]
+                else:
+                    try:
+                        count = len(load_index(path).samples)
+                    except ShardError:
+                        continue
                 n += part_size(count, part) - sum(1 for i in self.skip.get(entry, ()) if in_part(i, part))
             total += n // batch_size if drop_last else -(-n // batch_size)
         return total
