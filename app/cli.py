@@ -1,4 +1,4 @@
-"""The ``feedline`` command: train, run, sample, serve, demo, doctor, dashboard, make-shards, make-dataset, bench.
+"""The ``feedline`` command: train, run, sample, serve, demo, soak, doctor, dashboard, make-shards, make-dataset, bench.
 
 The face: it reads the one ``Config``, builds each library part's settings,
 wires the metrics exporters, shows progress and summaries, and turns every
@@ -26,7 +26,6 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
-from rich.table import Table
 
 from . import __version__
 from .config import Config, ConfigError, parse_size
@@ -67,6 +66,7 @@ def _train(args: argparse.Namespace, stop: StopSignal) -> int:
                           "(--cache / FEEDLINE_CACHE) or mix (--mix / FEEDLINE_MIX)")
     import torch
 
+    from .keytrace import KeyTrace
     from .train import build_loader, epoch_samples, print_summary, train
 
     with contextlib.ExitStack() as stack:
@@ -96,7 +96,7 @@ def _train(args: argparse.Namespace, stop: StopSignal) -> int:
 
         summary = None
         trace_path = f"{args.trace_keys}.rank{job.rank}" if args.trace_keys and job.distributed else args.trace_keys
-        trace = open(trace_path, "a", buffering=1) if trace_path else None  # line by line: an audit
+        trace = KeyTrace(trace_path) if trace_path else None
         try:
             with progress:
                 summary = train(cfg, loader, on_step=on_step, on_epoch_start=on_epoch_start, stop=stop.event,
@@ -230,44 +230,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     cfg = Config.load(args)
     _setup_logging("WARNING")
-    from .loader.layout.side import KEY_ONLY_SIDE_BYTES
-    from .loader.settings import default_ring_slots
-    from .preflight import (
-        check_docker,
-        check_gpu,
-        check_memory_for,
-        check_pillow_simd,
-        check_shm,
-        fmt_bytes,
-    )
-    from .sampler.settings import DEFAULT_CACHE
+    from .doctor import run
 
-    cache = cfg.cache or DEFAULT_CACHE
-    from .loader.tune.autotune import resolved
-
-    most = resolved(cfg.workers, cfg.transfer_threads, "cpu", cfg.max_workers or None)  # auto's ring: its most
-    slots = cfg.ring_slots or default_ring_slots(*most)
-    side = cfg.side_bytes or KEY_ONLY_SIDE_BYTES  # the demo batch: image, label, and the key beside them
-    ring = slots * cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 8 + side)
-    checks = [
-        # downloads in flight: a shard each, taken as a 16th of the budget (a cache holds many shards);
-        # grow: the replaced shards a running epoch still holds open
-        check_shm(cache, cfg.budget, extra=cfg.fetch_threads * (cfg.budget // 16)
-                  + (int(cfg.budget * cfg.replace_fraction) if cfg.policy == "grow" else 0)),
-        check_memory_for(f"the sampler's cache ({fmt_bytes(cfg.budget)} of tmpfs pages)", cfg.budget),
-        check_memory_for(f"the trainer's batch ring ({slots} slots of {cfg.batch_size} demo samples)", ring),
-        check_gpu(),
-        check_pillow_simd(),
-        *check_docker(cfg.budget),
-    ]
-    table = Table(title="feedline doctor")
-    for col in ("check", "", "what was found", "what to change"):
-        table.add_column(col)
-    for c in checks:
-        mark = {True: "[green]ok[/green]", False: "[red]FAIL[/red]", None: "[dim]skip[/dim]"}[c.ok]
-        table.add_row(c.name, mark, c.detail, c.fix if c.ok is not True else "")
-    console.print(table)
-    return 1 if any(c.ok is False for c in checks) else 0
+    return run(cfg, console)
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
@@ -277,6 +242,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         f.write(render())
     console.print(f"wrote {args.out}")
     return 0
+
+
+def cmd_soak(args: argparse.Namespace) -> int:
+    _setup_logging("INFO")
+    from .soak.command import run
+
+    return run(args)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -304,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     Config.add_arguments(p, ("data", "loader", "job", "serve", "process"))
     p.add_argument("--summary-json", default=None, help="also write the summary to this JSON file")
     p.add_argument("--trace-keys", default=None, help="append the key of every sample trained to this file (an "
-                                                      "audit of what a run, or a resumed run, trained on)")
+                                                      "audit of what a run, or a resumed run, trained on); "
+                                                      "{epoch} in the path makes one file per epoch")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("run", help="your own training command, once the cache is ready (preflight, then exec)")
@@ -360,10 +333,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_dashboard)
 
     from .report.command import add_arguments as report_arguments
+    from .soak.command import add_arguments as soak_arguments
 
     p = sub.add_parser("report", help="a self-contained HTML report of a run, from the Prometheus that scraped it")
     report_arguments(p)
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("soak", help="the appliance for an hour under faults: memory, descriptors, threads, "
+                                    "/dev/shm and every epoch's samples checked (scripts/soak)")
+    soak_arguments(p)
+    p.set_defaults(func=cmd_soak)
 
     from .bench.runner import add_arguments as bench_arguments
 

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -24,6 +24,7 @@ from .api import StagingLoader
 from .checkpoint import CheckpointDir, random_states, restore_random_states
 from .config import Config
 from .distributed import Job, anyone, barrier, gather_json
+from .keytrace import KeyTrace
 from .formats.transforms import RandomResizedCrop
 from .loader.plan.resume import RANKS_FORMAT
 from .loader.settings import DeviceDecode
@@ -142,14 +143,14 @@ def build_loader(cfg: Config, job: Job = Job()) -> StagingLoader:
 def train(cfg: Config, loader: StagingLoader,
           on_step: Callable[[EpochSummary, LoaderStats | None], None] | None = None,
           on_epoch_start: Callable[[int], None] | None = None, stop: threading.Event | None = None,
-          trace_keys: TextIO | None = None, job: Job = Job()) -> TrainSummary:
+          trace_keys: KeyTrace | None = None, job: Job = Job()) -> TrainSummary:
     """Train the demo model for ``cfg.epochs`` epochs; ``on_step`` drives a progress display.
 
     Under torchrun (``job.distributed``) the model is wrapped in DistributedDataParallel and every rank
     stops at the same step. With ``cfg.checkpoint`` it saves model, optimizer, every rank's loader state and
     random generators every ``cfg.checkpoint_every`` steps, when ``stop`` is set (SIGTERM: the current step is
     finished first) and at the end; with ``cfg.resume`` it starts from the newest complete checkpoint there.
-    ``trace_keys`` gets the key of every sample this rank trained.
+    ``trace_keys`` gets the key of every sample this rank trained (``keytrace.py``).
     """
     device = loader.device
     torch.manual_seed(cfg.seed)
@@ -215,7 +216,7 @@ def train(cfg: Config, loader: StagingLoader,
             for name in batch.get("__source__", ()):
                 es.sources[name] = es.sources.get(name, 0) + 1
             if trace_keys is not None:
-                trace_keys.write("".join(f"{k}\n" for k in batch["__key__"]))
+                trace_keys.write(epoch, batch["__key__"])
             stats = loader.stats() if es.steps % 10 == 1 else None
             if stats is not None:
                 for k in es.depth_sum:

@@ -24,7 +24,7 @@ ALLOWED = {
     "metrics": {"metrics", "loader", "sampler", "cache", "formats", PACKAGE} | BASE,
 }
 FACE = {PACKAGE, "__main__", "api", "config", "cli", "train", "run", "checkpoint", "stopping", "distributed", "demo",
-        "bench", "report", "mixing"}  # may import anything
+        "bench", "report", "mixing", "keytrace", "soak", "doctor"}  # may import anything
 
 # Inside the loader, the stages in the order of the data flow (docs/architecture.md, "The loader's folders").
 # A stage imports only the stages before it; everyone may import the loader's base modules; the loader's face

@@ -1,0 +1,45 @@
+"""``feedline doctor``: the preflight checks (preflight.py) sized from the configuration, as one table.
+
+The face's: it reads ``Config`` for the sizes the appliance will use (the cache's budget, the trainer's
+ring) and asks the checks whether this host has room for them.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from .config import Config
+from .loader.layout.side import KEY_ONLY_SIDE_BYTES
+from .loader.settings import default_ring_slots
+from .loader.tune.autotune import resolved
+from .preflight import check_docker, check_gpu, check_memory_for, check_pillow_simd, check_shm, fmt_bytes
+from .sampler.settings import DEFAULT_CACHE
+
+
+def run(cfg: Config, console: Console) -> int:
+    """1 when a check failed, else 0; the table says what was found and what to change."""
+    cache = cfg.cache or DEFAULT_CACHE
+    most = resolved(cfg.workers, cfg.transfer_threads, "cpu", cfg.max_workers or None)  # auto's ring: its most
+    slots = cfg.ring_slots or default_ring_slots(*most)
+    side = cfg.side_bytes or KEY_ONLY_SIDE_BYTES  # the demo batch: image, label, and the key beside them
+    ring = slots * cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 8 + side)
+    checks = [
+        # downloads in flight: a shard each, taken as a 16th of the budget (a cache holds many shards);
+        # grow: the replaced shards a running epoch still holds open
+        check_shm(cache, cfg.budget, extra=cfg.fetch_threads * (cfg.budget // 16)
+                  + (int(cfg.budget * cfg.replace_fraction) if cfg.policy == "grow" else 0)),
+        check_memory_for(f"the sampler's cache ({fmt_bytes(cfg.budget)} of tmpfs pages)", cfg.budget),
+        check_memory_for(f"the trainer's batch ring ({slots} slots of {cfg.batch_size} demo samples)", ring),
+        check_gpu(),
+        check_pillow_simd(),
+        *check_docker(cfg.budget),
+    ]
+    table = Table(title="feedline doctor")
+    for col in ("check", "", "what was found", "what to change"):
+        table.add_column(col)
+    for c in checks:
+        mark = {True: "[green]ok[/green]", False: "[red]FAIL[/red]", None: "[dim]skip[/dim]"}[c.ok]
+        table.add_row(c.name, mark, c.detail, c.fix if c.ok is not True else "")
+    console.print(table)
+    return 1 if any(c.ok is False for c in checks) else 0

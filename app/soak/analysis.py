@@ -1,0 +1,195 @@
+"""What a soak run's record says: slopes after the warm-up, throughput, every epoch's keys, the verdict.
+
+A slope is fitted within each process's life (a restart begins a new series: the
+fixed-effects estimate, the mean of the lives' own slopes weighted by their spread in
+time), leaving out the run's warm-up and each process's own first minute, so a
+restarted trainer's warm-up never reads as growth, nor a kill as a fall.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from .run import ROLES, Record
+
+MIB = 1 << 20
+# Prometheus is measured and shown, not judged: its in-memory head block holds the last two hours of
+# samples by design, so it grows through the first hours of any run (its memory is Prometheus's own matter)
+JUDGED = ("trainer", "worker", "sidecar", "store")
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The issue's targets; the 3-minute test loosens the slopes (a few points per process life)."""
+
+    rss_mib_per_hour: float = 1.0
+    fds_per_hour: float = 1.0
+    threads_per_hour: float = 1.0
+    throughput_ratio: float = 0.95
+    window: float = 600.0  # seconds compared at the start (after warm-up) and at the end
+
+
+@dataclass
+class Verdict:
+    """What a run achieved against its targets: slopes, peaks, throughput, epochs, the cache; ``failures`` says what was missed."""
+
+    slopes: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> measure -> per hour
+    points: dict[str, int] = field(default_factory=dict)  # role -> samples the slopes used
+    peaks: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> measure -> largest seen
+    throughput: tuple[float, float] = (0.0, 0.0)  # samples/s in the first and the last window
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    cache_peak: int = 0
+    cache_bound: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def _slope(lives: dict[int, list[tuple[float, float]]]) -> tuple[float, int]:
+    """Per second, fitted within each life; (slope, points used)."""
+    sxy = sxx = 0.0
+    n = 0
+    for points in lives.values():
+        if len(points) < 2:
+            continue
+        mt = sum(t for t, _ in points) / len(points)
+        my = sum(y for _, y in points) / len(points)
+        sxy += sum((t - mt) * (y - my) for t, y in points)
+        sxx += sum((t - mt) ** 2 for t, _ in points)
+        n += len(points)
+    return (sxy / sxx if sxx > 0 else 0.0), n
+
+
+def slopes(record: Record, warmup: float, process_warmup: float) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
+    """Role -> {rss, pss, anon (MiB per hour), fds, threads (per hour)}, and the points each role's fit used."""
+    first_seen: dict[int, float] = {}
+    for row in record.rows:
+        first_seen.setdefault(row["pid"], row["t"])
+    out: dict[str, dict[str, float]] = {}
+    used: dict[str, int] = {}
+    for role in ROLES:
+        rows = [r for r in record.rows if r["role"] == role and r["t"] >= warmup
+                and r["t"] - first_seen[r["pid"]] >= process_warmup]
+        if not rows:
+            continue
+        out[role] = {}
+        for measure, scale in (("rss", MIB), ("pss", MIB), ("anon", MIB), ("fds", 1), ("threads", 1)):
+            lives: dict[int, list[tuple[float, float]]] = defaultdict(list)
+            for r in rows:
+                if r[measure] >= 0:
+                    lives[r["pid"]].append((r["t"], r[measure] / scale))
+            per_second, n = _slope(lives)
+            out[role][measure] = per_second * 3600
+            used[role] = max(used.get(role, 0), n)
+    return out, used
+
+
+def throughput(record: Record, start: float, end: float, window: float) -> tuple[float, float]:
+    """Samples/s over ``window`` seconds from ``start``, and over the last ``window`` seconds before ``end``."""
+    def rate(a: float, b: float) -> float:
+        pts = [(s["t"], s["keys"]) for s in record.system if a <= s["t"] <= b]
+        if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+            return 0.0
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+    return rate(start, start + window), rate(end - window, end)
+
+
+def epochs(record: Record, keys_dir: str) -> list[dict[str, Any]]:
+    """Every epoch the trainer finished: its samples, keys seen twice, shards read only in part.
+
+    The trace files are ``epoch-<n>.txt``; the last one may be cut by the run's end and is left out
+    unless the trainer finished it (a later one exists).
+    """
+    files = {int(n[len("epoch-"):-len(".txt")]): os.path.join(keys_dir, n) for n in os.listdir(keys_dir)
+             if n.startswith("epoch-") and n.endswith(".txt")}
+    out = []
+    for epoch in sorted(files)[:-1]:
+        with open(files[epoch]) as f:
+            keys = f.read().split()
+        counts = Counter(keys)
+        shards = Counter(record.shard_of.get(k, "?") for k in counts)
+        partial = sorted(s for s, n in shards.items() if n != record.shard_samples.get(s))
+        out.append({"epoch": epoch, "samples": len(keys), "shards": len(shards),
+                    "twice": sum(n - 1 for n in counts.values() if n > 1), "partial_shards": partial})
+    return out
+
+
+def judge(record: Record, keys_dir: str, warmup: float, process_warmup: float,
+          targets: Targets = Targets()) -> Verdict:
+    v = Verdict()
+    v.slopes, v.points = slopes(record, warmup, process_warmup)
+    for role in ROLES:
+        rows = [r for r in record.rows if r["role"] == role]
+        if rows:
+            v.peaks[role] = {"rss": max(r["rss"] for r in rows) / MIB, "fds": max(r["fds"] for r in rows),
+                             "threads": max(r["threads"] for r in rows)}
+    for role, s in v.slopes.items():
+        if role not in JUDGED:
+            continue
+        if s["rss"] > targets.rss_mib_per_hour:
+            v.failures.append(f"{role}: RSS grows {s['rss']:.2f} MiB/h after the warm-up (target "
+                              f"<= {targets.rss_mib_per_hour:g})")
+        if s["fds"] > targets.fds_per_hour:
+            v.failures.append(f"{role}: open descriptors grow {s['fds']:.2f}/h (target flat)")
+        if s["threads"] > targets.threads_per_hour:
+            v.failures.append(f"{role}: threads grow {s['threads']:.2f}/h (target flat)")
+    end = record.system[-1]["t"] if record.system else 0.0
+    v.throughput = throughput(record, warmup, end, targets.window)
+    first, last = v.throughput
+    if first <= 0 or last < targets.throughput_ratio * first:
+        v.failures.append(f"throughput: {last:.1f} samples/s in the last {targets.window:.0f} s against "
+                          f"{first:.1f} in the first after the warm-up (target >= {targets.throughput_ratio:.0%})")
+    v.epochs = epochs(record, keys_dir)
+    if not v.epochs:
+        v.failures.append("no epoch was trained to its end")
+    for e in v.epochs:
+        if e["twice"] or e["partial_shards"]:
+            v.failures.append(f"epoch {e['epoch']}: {e['twice']} sample(s) trained twice, shards read in part: "
+                              f"{e['partial_shards'] or 'none'}")
+    v.cache_peak = max((s["cache_bytes"] for s in record.system), default=0)
+    v.cache_bound = record.budget + record.settings["fetch_threads"] * record.largest_shard
+    if v.cache_peak > v.cache_bound:
+        v.failures.append(f"/dev/shm: the cache took {v.cache_peak} bytes, over its budget plus the downloads in "
+                          f"flight ({v.cache_bound})")
+    for e in record.exits:
+        if not e["expected"]:
+            v.failures.append(f"{e['role']} exited with {e['code']} at {e['t']:.0f} s, not by the schedule")
+    v.failures += [f"left over after the run: {x}" for x in record.leftovers]
+    return v
+
+
+def table(record: Record, v: Verdict) -> str:
+    """The Markdown summary of a run (docs/reliability.md holds the recorded one)."""
+    s = record.settings
+    lines = [f"Run: code {s.get('code', 'unknown')}, {s['minutes']:g} min, a sample every {s['interval']:g} s, slopes after {s['warmup']:g} s and each "
+             f"process's first {s['process_warmup']:g} s; {len(record.events)} events.", "",
+             "| process | RSS MiB/h | PSS MiB/h | anon MiB/h | fds /h | threads /h | peak RSS MiB | peak fds | "
+             "peak threads | points |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for role in ROLES:
+        if role in v.slopes:
+            sl, pk = v.slopes[role], v.peaks[role]
+            lines.append(f"| {role}{'' if role in JUDGED else ' (not judged)'} | {sl['rss']:+.2f} | {sl['pss']:+.2f} | {sl['anon']:+.2f} | {sl['fds']:+.2f} | "
+                         f"{sl['threads']:+.2f} | {pk['rss']:.0f} | {pk['fds']:.0f} | {pk['threads']:.0f} | "
+                         f"{v.points.get(role, 0)} |")
+    first, last = v.throughput
+    twice = sum(e["twice"] for e in v.epochs)
+    partial = sum(len(e["partial_shards"]) for e in v.epochs)
+    lines += ["", f"- throughput: {first:.1f} samples/s in the first window after the warm-up, {last:.1f} in the "
+                  f"last ({last / first:.1%})" if first else "- throughput: no data",
+              f"- epochs trained to their end: {len(v.epochs)}, {sum(e['samples'] for e in v.epochs)} samples; "
+              f"trained twice: {twice}; shards read in part: {partial}",
+              f"- /dev/shm: the cache peaked at {v.cache_peak / MIB:.1f} MiB against a bound of "
+              f"{v.cache_bound / MIB:.1f} MiB (budget {record.budget / MIB:.1f} MiB plus the downloads in flight); "
+              f"/dev/shm as a whole at most {max((x.get('shm_bytes', 0) for x in record.system), default=0) / MIB:.1f} "
+              f"MiB above its use at the start (the batch ring is a memfd: not in /dev/shm)",
+              f"- faults: " + ", ".join(f"{k} x{n}" for k, n in Counter(e["kind"] for e in record.events
+                                                                         if e["kind"] not in ("start", "end",
+                                                                                              "store_up")).items()),
+              f"- left over at the end: {', '.join(record.leftovers) or 'nothing'}",
+              f"- verdict: {'every target met' if v.ok else 'NOT MET: ' + '; '.join(v.failures)}"]
+    return "\n".join(lines) + "\n"

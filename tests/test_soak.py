@@ -1,0 +1,91 @@
+"""The soak run (feedline soak / scripts/soak): its verdict on records made to fail, and one short real run.
+
+The real run is the issue's 3-minute version: every fault of the hour's schedule, the same checks, slopes
+loosened because a process's life between two faults is under a minute of samples.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from helpers import ROOT
+
+from feedline.soak.analysis import Targets, judge
+from feedline.soak.faults import KINDS, schedule
+from feedline.soak.run import Record
+
+MiB = 1 << 20
+
+
+def record(rows, keys_per_second=100.0, minutes=30.0):
+    r = Record(settings={"fetch_threads": 2, "minutes": minutes, "interval": 10, "warmup": 60,
+                         "process_warmup": 0}, budget=100 * MiB, largest_shard=MiB,
+               shard_of={"a": "s0.tar", "b": "s0.tar"}, shard_samples={"s0.tar": 2})
+    r.rows = rows
+    r.system = [{"t": float(t), "cache_bytes": 50 * MiB, "keys": int(t * keys_per_second)}
+                for t in range(0, int(minutes * 60) + 1, 10)]
+    return r
+
+
+def row(t, pid, rss, role="trainer", fds=20, threads=8):
+    return {"t": float(t), "role": role, "pid": pid, "rss": rss, "pss": rss, "anon": rss, "fds": fds,
+            "threads": threads}
+
+
+def one_epoch(tmp_path, keys):
+    d = tmp_path / "keys"
+    d.mkdir(exist_ok=True)
+    (d / "epoch-0.txt").write_text("".join(f"{k}\n" for k in keys))
+    (d / "epoch-1.txt").write_text("")  # a later epoch began: epoch 0 was trained to its end
+    return str(d)
+
+
+def test_every_kind_of_fault_happens_even_in_a_three_minute_run():
+    kinds = {f.kind for f in schedule(180)}
+    assert kinds == set(KINDS)
+    assert max(f.seconds for f in schedule(180)) <= 18  # the store's downtime: at most a tenth of the run
+
+
+def test_a_process_whose_memory_grows_two_mib_an_hour_misses_the_target(tmp_path):
+    rows = [row(t, 1, 200 * MiB + t * 2 * MiB // 3600) for t in range(0, 1801, 10)]
+    v = judge(record(rows), one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+    assert any(f.startswith("trainer: RSS grows 2.0") for f in v.failures), v.failures
+
+
+def test_a_restart_is_not_growth_and_a_kill_is_not_a_fall(tmp_path):
+    # two lives, each flat; the second starts 300 MiB higher (a restarted trainer loads more), then is killed
+    rows = [row(t, 1, 200 * MiB) for t in range(0, 901, 10)] + [row(t, 2, 500 * MiB) for t in range(910, 1801, 10)]
+    v = judge(record(rows), one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+    assert v.ok, v.failures
+    assert abs(v.slopes["trainer"]["rss"]) < 0.01
+
+
+def test_a_sample_trained_twice_in_an_epoch_fails_the_run(tmp_path):
+    rows = [row(t, 1, 200 * MiB) for t in range(0, 1801, 10)]
+    v = judge(record(rows), one_epoch(tmp_path, ["a", "b", "a"]), warmup=60, process_warmup=0)
+    assert "epoch 0: 1 sample(s) trained twice" in " ".join(v.failures)
+
+
+def test_a_cache_over_its_budget_and_the_downloads_in_flight_fails_the_run(tmp_path):
+    r = record([row(t, 1, 200 * MiB) for t in range(0, 1801, 10)])
+    r.system[50]["cache_bytes"] = 103 * MiB  # budget 100 MiB, two fetch threads of 1 MiB shards: 102 MiB
+    v = judge(r, one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+    assert any(f.startswith("/dev/shm: the cache took") for f in v.failures), v.failures
+
+
+def test_three_minutes_under_every_fault_meet_the_targets_and_leave_nothing(tmp_path):
+    out = tmp_path / "soak"
+    before = set(os.listdir("/dev/shm"))
+    done = subprocess.run([sys.executable, "-m", "feedline", "soak", "--minutes", "3", "--interval", "2",
+                           "--warmup", "30", "--process-warmup", "10", "--window", "40",
+                           "--rss-target", "600", "--fds-target", "300", "--throughput-target", "0.8",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((out / "soak.json").read_text())
+    verdict, events = result["verdict"], result["record"]["events"]
+    assert {e["kind"] for e in events} >= set(KINDS)
+    assert len(verdict["epochs"]) >= 2 and all(not e["twice"] and not e["partial_shards"] for e in verdict["epochs"])
+    assert result["record"]["leftovers"] == []
+    assert set(os.listdir("/dev/shm")) <= before
+    assert (out / "soak.png").stat().st_size > 10_000 and "every target met" in (out / "soak.md").read_text()
