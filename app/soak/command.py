@@ -45,7 +45,7 @@ def _code_version() -> str:
     """The commit the run measured (and whether the checkout had changes), for the record."""
     import subprocess
 
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.realpath(__file__))
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
                                 timeout=10).stdout.strip()
