@@ -194,7 +194,9 @@ class Soak:
         r.budget = int(s.cached_shards * sum(sizes) / len(sizes))
         self._event("start", f"{len(paths)} shards of {s.samples_per_shard} samples; budget {r.budget} bytes "
                              f"(about {s.cached_shards} shards)")
-        for role in ("store", "sidecar", "trainer"):
+        self.procs["store"].start()
+        self._wait_for_store()  # the sidecar refuses to start with an unreachable source, as it should
+        for role in ("sidecar", "trainer"):
             self.procs[role].start()
         self._start_prometheus()
         self.t0 = time.monotonic()
@@ -210,6 +212,7 @@ class Soak:
                 break
             if store_back_at is not None and now >= store_back_at:
                 self.procs["store"].start()
+                self._wait_for_store()
                 self._event("store_up", "the store is back on the same port")
                 store_back_at = None
             while faults and faults[0].at <= now:
@@ -224,6 +227,23 @@ class Soak:
             time.sleep(0.2)
         self._finish(keys)
         return r
+
+    def _wait_for_store(self, timeout: float = 30.0) -> None:
+        """Until the store answers on its port (a server's start takes a moment)."""
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.ports['store']}/index.txt"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    r.read()
+                return
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"the soak's store did not answer on {url} within {timeout:.0f} s; see "
+                                       f"{self.logs}/store-{self.procs['store'].starts}.log") from None
+                time.sleep(0.1)
 
     def _fault(self, fault: Fault) -> float | None:
         """Carry a fault out; the seconds until the store comes back, for a store fault."""
