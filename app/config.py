@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .loader.plan.rank import Rank
-from .loader.settings import LoaderSettings
+from .loader.settings import MIN_WORKER_MEMORY, LoaderSettings
 from .cache.mix import wait_for_layout
 from .mixing import MixError, check_parts, parse_mix
 from .sampler.settings import DEFAULT_CACHE, SidecarSettings
@@ -297,6 +297,10 @@ class Config:
                 raise ConfigError(f"mix (FEEDLINE_MIX / --mix): {exc}") from None
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
             raise ConfigError(f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N")
+        if 0 < self.worker_memory < MIN_WORKER_MEMORY:  # feedline run checks it too, before the user's loader
+            raise ConfigError(f"worker_memory (FEEDLINE_WORKER_MEMORY / --worker-memory): {self.worker_memory} bytes "
+                              f"is below what a worker needs to start; set at least {MIN_WORKER_MEMORY >> 20}MiB, "
+                              f"or 0 for no ceiling")
 
     def resolved_device(self) -> str:
         """``auto`` made ``cuda`` or ``cpu``; under torchrun ``cuda`` is this process's GPU, ``cuda:LOCAL_RANK``."""

@@ -22,9 +22,11 @@ class KeyTrace:
         self._epoch: int | None = None
 
     def file_of(self, epoch: int) -> str:
+        """The trace file of ``epoch`` (the one file, for a path without ``{epoch}``)."""
         return self.path.replace("{epoch}", str(epoch))
 
     def write(self, epoch: int, keys: Iterable[str]) -> None:
+        """Append a step's keys to the file of ``epoch``, opening it (and closing the last) when the epoch changes."""
         if self._file is None or (self._epoch != epoch and "{epoch}" in self.path):
             self.close()
             path = self.file_of(epoch)

@@ -24,7 +24,7 @@ from helpers import write_tar
 from PIL import Image
 
 from feedline import StagingLoader
-from feedline.formats.decoders import Decoder, MemberTooLarge
+from feedline.formats.decoders import DecodeError, Decoder, MemberTooLarge
 
 MiB = 1 << 20
 BOUND = 8 * MiB
@@ -208,3 +208,58 @@ def test_nested_compression_is_bounded_at_every_layer():
     with pytest.raises(MemberTooLarge, match=r"member 'bin.gz.xz' expands"):
         decoder("bin.gz.xz", memoryview(compress("xz", zeros_compressed("gz", PIECE))))
 
+
+
+def test_text_is_measured_as_the_string_it_becomes_not_as_its_bytes():
+    decoder = Decoder(max_member_bytes=BOUND)
+    ascii_text = b"a" * (BOUND - 1)  # one byte a character: fits
+    assert len(decoder("txt", memoryview(ascii_text))) == BOUND - 1
+    emoji = "\N{GRINNING FACE}".encode()  # past U+FFFF: every character of the str takes 4 bytes
+    wide = b"a" * (BOUND // 2) + emoji  # 4 MiB of bytes, a 16 MiB str
+    with pytest.raises(MemberTooLarge, match=r"member 'txt' decodes to a string of \d+ characters at 4 bytes"):
+        decoder("txt", memoryview(wide))
+    with pytest.raises(MemberTooLarge, match=r"member 'json' decodes to a string"):
+        decoder("json", memoryview(b'"' + wide + b'"'))
+    accented = "é".encode() * (BOUND // 4)  # 2 bytes of UTF-8, 1 of str each: a 2 MiB str
+    assert len(decoder("txt", memoryview(accented))) == BOUND // 4
+
+
+def test_json_of_more_values_than_the_bound_holds_is_refused_before_parsing():
+    values = b"[" + b"0," * (BOUND // 64) + b"0]"  # 256 KiB of text, 131073 values at 64 bytes each: past 8 MiB
+    with pytest.raises(MemberTooLarge, match=r"member 'json' decodes to more than \d+ values"):
+        Decoder(max_member_bytes=BOUND)("json", memoryview(values))
+
+
+def test_an_npy_header_longer_than_numpys_limit_is_corrupt_not_parsed():
+    shape = "(" + "1," * 20_000 + ")"  # 40 KB of header: literal_eval of millions of these would take gigabytes
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}".encode()
+    member = b"\x93NUMPY\x02\x00" + struct.pack("<I", len(header)) + header
+    with pytest.raises(DecodeError, match=r"over numpy's limit of 10000") as raised:
+        Decoder(max_member_bytes=BOUND)("npy", memoryview(member))
+    assert not isinstance(raised.value, MemberTooLarge)
+
+
+class PillowLimit:
+    """Reports the decode worker's Pillow bomb limit and whether its warning is an error there."""
+
+    def __call__(self, sample):
+        import warnings
+
+        from PIL import Image
+
+        sample["limit"] = Image.MAX_IMAGE_PIXELS
+        sample["error"] = int(any(f[0] == "error" and f[2] is Image.DecompressionBombWarning
+                                  for f in warnings.filters))
+        return sample
+
+
+def test_pillows_bomb_limit_is_the_bound_in_the_workers_and_left_alone_in_the_training_process(tmp_path):
+    from PIL import Image
+
+    before = Image.MAX_IMAGE_PIXELS
+    path = write_tar(str(tmp_path / "images.tar"), [(f"k{i}", {"png": small_png(i), "cls": b"1"}) for i in range(4)])
+    with StagingLoader(path, batch_size=4, workers=1, max_member_bytes=BOUND, transform=PillowLimit(),
+                       spec={"cls": "int64", "limit": "int64", "error": "int64"}) as loader:
+        batch = next(iter(loader))
+    assert batch["limit"].tolist() == [BOUND // 4] * 4 and batch["error"].tolist() == [1] * 4
+    assert Image.MAX_IMAGE_PIXELS == before

@@ -154,8 +154,8 @@ LENGTH = textwrap.dedent("""
     from feedline import StagingLoader
     dist.init_process_group("gloo")
     try:
-        with StagingLoader(sys.argv[1], batch_size=4, workers=1, spec={"cls": "int64"},
-                           equal_batches=sys.argv[2]) as loader:
+        settings = dict(batch_size=4, workers=1, spec={"cls": "int64"}, equal_batches=sys.argv[2])
+        with StagingLoader(sys.argv[1], **settings) as loader:
             seen = []
             for epoch in range(2):
                 before = len(loader)  # what a trainer sizing its epoch asks first
@@ -163,7 +163,13 @@ LENGTH = textwrap.dedent("""
                 for batch in loader:
                     n += 1
                     during = len(loader)
+                    if epoch == 1 and n == 1:
+                        state = loader.state_dict()  # every rank's, as a trainer saves it, mid-epoch
                 seen.append([before, during, n])
+        with StagingLoader(sys.argv[1], **settings) as again:
+            again.load_state_dict(state)
+            resumed = len(again)  # a resumed trainer sizes the rest of its epoch the same way
+            seen.append([resumed, resumed, 1 + sum(1 for _ in again)])
             sys.stdout.write("RESULT " + json.dumps(seen) + "\\n")
     finally:
         dist.destroy_process_group()
@@ -186,9 +192,9 @@ def test_len_under_torch_distributed_is_the_batch_count_the_ranks_agreed_on(tmp_
     assert run.returncode == 0, run.stderr[-3000:]
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in run.stdout.splitlines() if "RESULT " in line]
     assert len(results) == 2
-    for epoch in (0, 1):
+    for epoch, read in ((0, 0), (1, 1), (1, 2)):  # read 2: epoch 1 again, resumed from a state after 1 batch
         agreed = pick(counts[epoch])
-        assert [r[epoch] for r in results] == [[agreed, agreed, agreed]] * 2  # len() == what the loop yields
+        assert [r[read] for r in results] == [[agreed, agreed, agreed]] * 2  # len() == what the loop yields
 
 
 def test_a_rank_that_dies_ends_the_job_with_an_error_instead_of_a_hang(tmp_path):

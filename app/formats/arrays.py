@@ -18,6 +18,8 @@ import numpy as np
 from .bounds import DEFAULT_MAX_MEMBER_BYTES, DecodeError, MemberTooLarge, about
 
 _NPY_MAGIC = b"\x93NUMPY"
+NPY_MAX_HEADER = 10_000  # numpy's own max_header_size: real headers are a few hundred bytes
+_NPZ_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}  # what np.savez writes
 
 
 def npy_header(data: memoryview | bytes) -> tuple[np.dtype, tuple[int, ...], bool, int]:
@@ -31,6 +33,8 @@ def npy_header(data: memoryview | bytes) -> tuple[np.dtype, tuple[int, ...], boo
         hlen, hstart = int.from_bytes(data[8:12], "little"), 12
     else:
         raise DecodeError(f"unsupported .npy version {major}")
+    if hlen > NPY_MAX_HEADER:  # parsed with literal_eval: a huge header is a huge parse, whatever it declares
+        raise DecodeError(f"bad .npy header: {hlen} bytes, over numpy's limit of {NPY_MAX_HEADER}")
     try:
         header = ast.literal_eval(bytes(data[hstart : hstart + hlen]).decode("latin1"))
         dtype = np.dtype(np.lib.format.descr_to_dtype(header["descr"]))
@@ -69,6 +73,10 @@ def check_npz(z: zipfile.ZipFile, bound: int) -> None:
     what ``np.load`` unzips; the headers bound the arrays it allocates before reading them.
     """
     infos = z.infolist()
+    for info in infos:  # zipfile inflates a bzip2 or lzma entry a whole chunk at a time, past its declared size
+        if info.compress_type not in _NPZ_METHODS:
+            raise DecodeError(f"bad .npz: entry {info.filename!r} is compressed with method {info.compress_type}; "
+                              f"np.savez writes stored or deflated entries only")
     unzipped = sum(i.file_size for i in infos)
     if unzipped > bound:
         big = max(infos, key=lambda i: i.file_size)
@@ -81,6 +89,8 @@ def check_npz(z: zipfile.ZipFile, bound: int) -> None:
                 continue
             v1 = head[6] == 1  # a 2-byte header length (10 bytes before the header), else 4 (12 bytes)
             hlen = int.from_bytes(head[8:10] if v1 else head[8:12], "little")
+            if hlen > NPY_MAX_HEADER:
+                raise DecodeError(f"bad .npz: {info.filename!r} has a {hlen}-byte .npy header, over numpy's limit")
             head += f.read(max(0, hlen - 2 if v1 else hlen))
         dtype, shape, _, _ = npy_header(head)
         arrays += declared_bytes(dtype, shape)

@@ -7,18 +7,28 @@ taken, never after. Decoders that cannot allocate more than they are given (``.n
 ``.bin``: views into the member) are bounded by the member's stored size.
 
 Tree formats (JSON, msgpack, CBOR) are bounded by an estimate: every decoded value costs
-``ITEM_BYTES`` (a small Python object and the reference to it) plus the member's own bytes
-(strings and byte strings are at most that). A member too small to pass the bound even if every
-byte were a value is decoded without counting.
+``ITEM_BYTES`` (a small Python object and the reference to it) plus the member's own bytes.
+A member too small to pass the bound even if every byte were a value is decoded without counting.
+
+Text takes up to four times its UTF-8 bytes: a ``str`` stores every character in 1, 2 or 4 bytes,
+by its widest one (PEP 393), so 250 MB of ASCII and one emoji is a 1 GB string. Text members and
+JSON are measured before decoding (``check_text``); a string inside msgpack or CBOR may declare a
+quarter of the bound at most (``STRING_WIDTH``).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 DEFAULT_MAX_MEMBER_BYTES = 256 << 20  # one member, as stored or decoded: beyond it the sample is skipped and counted
 ITEM_BYTES = 64  # one decoded JSON/msgpack/CBOR value: a small object (an int 28, a list 56) and its 8-byte reference
 IMAGE_BYTES_PER_PIXEL = 4  # what Pillow stores an RGB(A) pixel in
+STRING_WIDTH = 4  # the most bytes a str takes a character (PEP 393): msgpack/CBOR strings may declare bound // 4
+_WIDE4 = re.compile(rb"[\xf0-\xf4]")  # UTF-8 lead bytes of characters past U+FFFF: 4 bytes a character
+_WIDE2 = re.compile(rb"[\xc4-\xef]")  # lead bytes of U+0100..U+FFFF: 2 bytes a character
+_NON_ASCII = re.compile(rb"[\x80-\xff]")
+_CONTINUATION = bytes(range(0x80, 0xC0))
 
 
 class DecodeError(Exception):
@@ -59,6 +69,23 @@ def check_stored(size: int, bound: int) -> None:
     """Refuse a member larger than the bound as it is, before any decoder sees it."""
     if size > bound:
         raise MemberTooLarge(f"is {size} bytes ({about(size)}) as stored,", bound)
+
+
+def check_text(data: bytes | memoryview, bound: int) -> None:
+    """Refuse UTF-8 text whose ``str`` would take more than the bound (before it is decoded).
+
+    ASCII (checked in C) is one byte a character, bounded by the stored size; other text is measured:
+    its characters (bytes less continuation bytes) times the width of its widest one.
+    """
+    n = len(data)
+    if n * STRING_WIDTH <= bound or not _NON_ASCII.search(data):
+        return
+    raw = data if isinstance(data, bytes) else bytes(data)  # copies of at most the member, freed before decoding
+    width = 4 if _WIDE4.search(raw) else 2 if _WIDE2.search(raw) else 1
+    chars = len(raw.translate(None, _CONTINUATION))
+    if chars * width > bound:
+        raise MemberTooLarge(f"decodes to a string of {chars} characters at {width} bytes each ({about(chars * width)}),",
+                             bound)
 
 
 def fits_uncounted(data_len: int, bound: int) -> bool:
@@ -111,7 +138,7 @@ class MsgpackTally:
 def msgpack_limits(bound: int) -> dict[str, int]:
     """``msgpack.unpackb``'s declared-length limits: no string, array or map past the bound (values counted at
     ``ITEM_BYTES``), so no list is allocated for more values than the bound holds."""
-    return {"max_str_len": bound, "max_bin_len": bound, "max_ext_len": bound,
+    return {"max_str_len": max(1, bound // STRING_WIDTH), "max_bin_len": bound, "max_ext_len": bound,
             "max_array_len": max(1, bound // ITEM_BYTES), "max_map_len": max(1, bound // (2 * ITEM_BYTES))}
 
 
@@ -140,7 +167,7 @@ def check_msgpack(data: memoryview, bound: int) -> None:
         elif head in _MP_SIZED:
             width, kind = _MP_SIZED[head]
             value = int.from_bytes(data[pos : pos + width], "big")
-            if value > bound:
+            if value > (bound // STRING_WIDTH if kind == "a string" else bound):
                 raise MemberTooLarge(f"declares {kind} of {value} bytes,", bound)
             pos += width + value + (kind == "an extension")
         elif head in _MP_COUNTED:
@@ -187,7 +214,7 @@ def check_cbor(data: memoryview, bound: int, small_too: bool = False) -> None:
             return  # reserved: malformed, cbor2 says so
         major = head >> 5
         if major == 2 or major == 3:  # a byte or text string: its bytes are skipped
-            if value > bound:
+            if value > (bound if major == 2 else bound // STRING_WIDTH):
                 raise MemberTooLarge(f"declares a {'byte' if major == 2 else 'text'} string of {value} bytes,", bound)
             pos += value
         elif (major == 4 or major == 5) and value * (major - 3) > budget:

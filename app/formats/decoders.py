@@ -47,6 +47,7 @@ from .bounds import (
     MsgpackTally,
     check_cbor,
     check_json,
+    check_text,
     check_msgpack,
     check_stored,
     fits_uncounted,
@@ -106,15 +107,17 @@ def decode_cls(data: memoryview) -> int:
         raise DecodeError("class label is not an integer") from None
 
 
-def decode_text(data: memoryview) -> str:
+def decode_text(data: memoryview, bound: int = DEFAULT_MAX_MEMBER_BYTES) -> str:
+    check_text(data, bound)
     try:
-        return bytes(data).decode("utf-8")
+        return str(data, "utf-8")  # straight from the member's buffer: no copy of its bytes first
     except UnicodeDecodeError as exc:
         raise DecodeError(f"text is not UTF-8: {exc}") from None
 
 
 def decode_json(data: memoryview, bound: int = DEFAULT_MAX_MEMBER_BYTES) -> Any:
     raw = bytes(data)
+    check_text(raw, bound)  # json.loads decodes the whole member to one str first
     check_json(raw, bound)
     try:
         return json.loads(raw)
@@ -238,7 +241,7 @@ def default_decoders(bound: int = DEFAULT_MAX_MEMBER_BYTES) -> dict[str, DecodeF
     return {
         **{ext: Bounded(fn, bound) for ext, fn in _BOUNDED.items()},
         **{ext: decode_cls for ext in INT_EXTENSIONS},
-        **{ext: decode_text for ext in TEXT_EXTENSIONS},
+        **{ext: Bounded(decode_text, bound) for ext in TEXT_EXTENSIONS},
         **{ext: Refuse(ext) for ext in UNSAFE_EXTENSIONS},
         "pth": decode_pth,  # torch reads only what the member holds: the stored size bounds it
         "bin": decode_raw,

@@ -2,7 +2,8 @@
 
 Pillow learns an image's size from its header, before any pixel is decoded, so a PNG that declares
 30000x30000 pixels in a few hundred bytes is refused for what it would take (4 bytes a pixel, as
-Pillow stores RGB), not after. Pillow's own bomb check is set to the same bound and made an error.
+Pillow stores RGB), not after. In the decode workers, Pillow's own bomb check is set to the same
+bound and made an error; the training process's Pillow is the user's and is left alone.
 """
 
 from __future__ import annotations
@@ -15,16 +16,27 @@ from typing import Any
 from .bounds import DEFAULT_MAX_MEMBER_BYTES, IMAGE_BYTES_PER_PIXEL, DecodeError, MemberTooLarge, about
 
 _pillow_pixels: int | None = None  # the MAX_IMAGE_PIXELS this process set: the largest any decoder's bound allows
+_own_process = False  # a decode worker's: Pillow's settings are ours to set (never the user's training process)
+
+
+def own_pillow() -> None:
+    """This process is feedline's own (a decode worker): image decoders may set Pillow's bomb limit here. The
+    training process, which decodes a few samples to infer the spec, keeps Pillow as its user set it; the
+    header check of ``decode_image`` holds the bound there."""
+    global _own_process
+    _own_process = True
 
 
 def limit_pillow(bound: int) -> None:
-    """Pillow's own bomb check at the bound, and an error rather than a warning, in this process.
+    """Pillow's own bomb check at the bound, and an error rather than a warning, in a process of ours.
 
     ``Image.MAX_IMAGE_PIXELS`` is the process's: where decoders with several bounds share one, it is the
     largest, and each decoder's own check (``decode_image``) holds its smaller ones. The warnings filter is
     set again if something reset the filters since (``warnings.catch_warnings`` in the training process).
     """
     global _pillow_pixels
+    if not _own_process:
+        return
     from PIL import Image
 
     pixels = max(1, bound // IMAGE_BYTES_PER_PIXEL)

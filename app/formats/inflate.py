@@ -109,6 +109,7 @@ def _streams(data: memoryview, bound: int, new: Callable[[], Any], errors: tuple
 
 
 def bunzip2(data: memoryview, bound: int) -> bytearray:
+    """What ``bz2.decompress`` gives, at most ``bound`` bytes of it."""
     return _streams(data, bound, bz2.BZ2Decompressor, (OSError, EOFError, ValueError), "bzip2", False)
 
 
@@ -125,7 +126,7 @@ def unzstd(data: memoryview, bound: int) -> bytearray:
         import zstandard
     except ImportError:
         raise DecodeError("a .zst member needs the zstandard package: pip install zstandard") from None
-    dctx = zstandard.ZstdDecompressor(max_window_size=1 << max(ZSTD_WINDOW, bound - 1).bit_length())
+    dctx = zstandard.ZstdDecompressor(max_window_size=1 << (max(ZSTD_WINDOW, bound) - 1).bit_length())
     out, pos, n = bytearray(), 0, len(data)
     while pos < n:
         d, grown = dctx.decompressobj(), FIRST_FEED

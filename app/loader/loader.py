@@ -186,7 +186,7 @@ class StagingLoader:
             if RankCoordinator.wanted(s.equal_batches):  # every rank builds its loaders in the same order
                 p.coordinator = RankCoordinator(s.equal_batches)
             if s.device_decode is not None:  # the workers keep those members compressed
-                decode, spec = worker_decode(decode, spec, s.device_decode, selection)
+                decode, spec = worker_decode(decode, spec, s.device_decode, selection, s.max_member_bytes)
             p.launcher = Launcher(WorkerCode(Decoder(decode, max_member_bytes=s.max_member_bytes), selection,
                                                   transform))  # refused if unpicklable
             self.spec, probed = probe_spec(spec, first, self.source.describe(), p.launcher.code())
@@ -304,7 +304,7 @@ class StagingLoader:
         log.debug("%s", plan.describe())
         limit = None
         if p.coordinator is not None:  # the same number of batches on every rank, or an error if out of step
-            limit = None if resume is not None else self._epochs.agreed(plan.epoch)
+            limit = self._epochs.agreed(plan.epoch)  # len() may have agreed (a loaded state forgets agreements)
             if limit is None:
                 limit = p.coordinator.agree(plan.epoch, self._batches(plan))
                 self._epochs.remember(plan.epoch, limit)
@@ -455,15 +455,17 @@ class StagingLoader:
         the epoch's first batch would otherwise make — so every rank asks, as trainers that size their epoch
         by ``len()`` do.
         """
-        s, coordinator = self.settings, self._pipeline.coordinator
+        coordinator = self._pipeline.coordinator
         if self._resume is not None:
-            return self._batches(self._resume.plan)
-        if self.plan is not None and self._cursor is not None and not self._cursor.finished:
+            epoch, batches = self._resume.plan.epoch, self._batches(self._resume.plan)
+        elif self.plan is not None and self._cursor is not None and not self._cursor.finished:
             if coordinator is not None and self._cursor.expected is not None:
                 return self._cursor.expected
             return self._cursor.before + self._batches(self.plan)
-        epoch = self._epochs.next
-        batches = self._batches(self._next_plan())
+        else:
+            if self._auto is not None and self._epochs.current >= 0:  # as the start would: the count stays
+                self._stop_auto("the first epoch ended: its worker count stays")
+            epoch, batches = self._epochs.next, self._batches(self._next_plan())
         if coordinator is None:
             return batches
         agreed = self._epochs.agreed(epoch)

@@ -54,8 +54,8 @@ LOADER: tuple[MetricDef, ...] = (
               "(CUDA only)."),
     MetricDef("sample_errors_total", "counter", "Samples skipped: corrupt, too large, missing field, ...",
               "reason", ERROR_REASONS),
-    MetricDef("worker_restarts_total", "counter", "Worker processes replaced: crashed (died) or stalled (no "
-              "progress for worker_timeout).", "reason", RESTART_REASONS),
+    MetricDef("worker_restarts_total", "counter", "Worker processes replaced: crashed (died), stalled (no "
+              "progress for worker_timeout) or memory (over worker_memory).", "reason", RESTART_REASONS),
     MetricDef("loader_epoch", "gauge", "The epoch the loader is in."),
     BUILD_INFO,
 )

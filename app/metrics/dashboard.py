@@ -100,8 +100,9 @@ ROWS: list[tuple[str, list[Panel]]] = [
               "workers set, or what workers=auto chose), and the trainer's transfer threads.", "short",
               [Query(f"sum by (state) (feedline_workers{SEL})", "{{state}}"),
                Query(f"sum(feedline_transfer_threads{SEL})", "transfer threads")]),
-        Panel("Worker restarts", "Worker processes replaced per second: crashed (the process died) or stalled "
-              "(no sample decoded for worker_timeout; its stack is in the trainer log).", "short",
+        Panel("Worker restarts", "Worker processes replaced per second: crashed (the process died), stalled "
+              "(no sample decoded for worker_timeout; its stack is in the trainer log) or memory (private "
+              "resident memory over worker_memory).", "short",
               [Query(_rate("feedline_worker_restarts_total", "reason"), "{{reason}}")]),
         Panel("Sample errors by reason", "Samples skipped (and counted) per second, by reason; the trainer logs "
               "each shard and key.", "short", [Query(_rate("feedline_sample_errors_total", "reason"), "{{reason}}")]),

@@ -77,3 +77,15 @@ def shm_used(path: str = "/dev/shm") -> int:
     """Bytes in use on the ``/dev/shm`` filesystem, by anyone: the soak reports its growth over the run."""
     st = os.statvfs(path)
     return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def started_at(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat``): with the pid, names one process
+    even after its pid is reused. None when no process has the pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()  # after the command name, which may hold spaces
+    return int(fields[19])  # field 22: starttime

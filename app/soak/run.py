@@ -26,7 +26,7 @@ from ..demo.procs import free_port, stop_process
 from ..formats.shard_index import load_index
 from ..formats.shard_writer import ShardWriter
 from .faults import SIDECAR_KILL, STORE_DOWN, TRAINER_STOP, WORKER_KILL, Fault, schedule
-from .probe import children, footprint, shm_used, tree_bytes
+from .probe import children, footprint, shm_used, started_at, tree_bytes
 
 log = logging.getLogger("feedline.soak")
 
@@ -119,9 +119,9 @@ class _Proc:
 
     def start(self) -> None:
         self.starts += 1
-        out = open(os.path.join(self.logs, f"{self.role}-{self.starts}.log"), "w")
-        self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        out.close()
+        with open(os.path.join(self.logs, f"{self.role}-{self.starts}.log"), "w") as out:
+            self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
         self.started_at = time.monotonic()
 
     @property
@@ -154,7 +154,7 @@ class Soak:
         self.checkpoint = os.path.join(self.tmp, "checkpoint")
         self.ports = {"store": free_port(), "sidecar": free_port(), "trainer": free_port()}
         self.record = Record(asdict(s))
-        self.seen: set[int] = set()  # every pid this run started (and the workers): none may outlive it
+        self.seen: set[tuple[int, int]] = set()  # (pid, start time) of every process it saw: none may outlive it
         self.prometheus: Any = None
         self.t0 = 0.0
         self.shm_before = 0
@@ -253,7 +253,11 @@ class Soak:
             if not workers:
                 self._event(fault.kind, "no worker to kill (the trainer is starting)")
                 return None
-            os.kill(workers[0], signal.SIGKILL)
+            try:
+                os.kill(workers[0], signal.SIGKILL)
+            except ProcessLookupError:  # it ended between the listing and the kill (the trainer stopping)
+                self._event(fault.kind, f"worker {workers[0]} was gone before the kill")
+                return None
             self._event(fault.kind, f"SIGKILL worker {workers[0]} of trainer {trainer}")
         elif fault.kind == SIDECAR_KILL:
             p = self.procs["sidecar"]
@@ -293,7 +297,9 @@ class Soak:
         if self.prometheus is not None:
             pids.append(("prometheus", self.prometheus.proc.pid))
         for role, pid in pids:
-            self.seen.add(pid)
+            since = started_at(pid)
+            if since is not None:
+                self.seen.add((pid, since))
             fp = footprint(pid)
             if fp is not None:
                 self.record.rows.append({"t": round(now, 2), "role": role, **asdict(fp)})
@@ -329,10 +335,12 @@ class Soak:
         self._event("end", f"{keys.total()} samples trained")
         self.close()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and footprint(p) for p in self.seen):
+        while time.monotonic() < deadline and any(started_at(p) == since for p, since in self.seen):
             time.sleep(0.2)
-        self.record.leftovers = [f"process {p}" for p in sorted(self.seen) if footprint(p) is not None]
-        self.record.leftovers += [f"/dev/shm entry {e}" for e in (self.cache, self.tmp) if os.path.exists(e)]
+        # the same pid and start time: that process itself, not a later one given its pid
+        self.record.leftovers = [f"process {p}" for p, since in sorted(self.seen) if started_at(p) == since]
+        self.record.leftovers += [f"/dev/shm entry {self.cache}"] if os.path.exists(self.cache) else []
+        self.record.leftovers += [f"temporary directory {self.tmp}"] if os.path.exists(self.tmp) else []
 
     def close(self) -> None:
         """Stop whatever still runs (Ctrl-C, an exception) and remove the cache and the dataset."""

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import SettingError
+from ...formats.images import decode_image
 from ...formats.transforms import random_box
 from ..layout.sample import FieldSelection
 from ..layout.spec import Field, Spec, next_pow2
@@ -38,9 +39,17 @@ from .decode_settings import DeviceDecode
 log = logging.getLogger("feedline.loader")
 
 
-def as_compressed(data: memoryview) -> np.ndarray:
-    """A member's bytes as a 1-D uint8 array: kept compressed for ``device_decode`` (the workers' decoder)."""
-    return np.frombuffer(data, dtype=np.uint8)
+class AsCompressed:
+    """The workers' decoder of a ``device_decode`` field: the member's bytes as a 1-D uint8 array, kept
+    compressed — once its header says its pixels fit ``max_member_bytes`` (the trainer or the GPU decodes it,
+    where ``worker_memory`` does not reach). Picklable, unlike a closure."""
+
+    def __init__(self, bound: int):
+        self.bound = bound
+
+    def __call__(self, data: memoryview) -> np.ndarray:
+        decode_image(data, self.bound)  # the header only: a lazy image, no pixel decoded
+        return np.frombuffer(data, dtype=np.uint8)
 
 
 def pick_backend(wanted: str, device: torch.device) -> list[str]:
@@ -80,10 +89,10 @@ def _has_nvimgcodec() -> bool:
 
 
 def worker_decode(decode: bool | Mapping[str, Callable[[memoryview], Any]], spec: Spec | Mapping[str, Any] | None,
-                  settings: DeviceDecode, selection: FieldSelection
+                  settings: DeviceDecode, selection: FieldSelection, bound: int
                   ) -> tuple[dict[str, Callable[[memoryview], Any]], Spec | None]:
     """(the workers' decoders, the declared spec): the device-decoded fields' members kept compressed
-    (``as_compressed``), declared as such (``compressed_spec``)."""
+    (``AsCompressed``: their pixels checked against ``bound``), declared as such (``compressed_spec``)."""
     if decode is False:
         raise SettingError("device_decode", "decode=False keeps every member raw; use decode=True (or a dict of "
                                             "overrides) with device_decode")
@@ -93,7 +102,7 @@ def worker_decode(decode: bool | Mapping[str, Callable[[memoryview], Any]], spec
         raise SettingError("device_decode", f"fields {missing} are not among fields= ({selection.describe()}); "
                                             f"name the batch fields to decode")
     exts = {e for f in settings.fields for e in (names[f] if names is not None else (f,))}
-    return ({**(decode if isinstance(decode, Mapping) else {}), **{e: as_compressed for e in exts}},
+    return ({**(decode if isinstance(decode, Mapping) else {}), **{e: AsCompressed(bound) for e in exts}},
             compressed_spec(Spec.parse(spec), settings) if spec is not None else None)
 
 

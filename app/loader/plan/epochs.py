@@ -39,8 +39,8 @@ class EpochCounter:
         self._named = int(epoch)
 
     def load(self, next_epoch: int) -> None:
-        """A loaded state says which epoch comes next."""
-        self._next, self._named = int(next_epoch), None
+        """A loaded state says which epoch comes next; the ranks agree on its batch count afresh."""
+        self._next, self._named, self._agreed = int(next_epoch), None, None
 
     def start(self, epoch: int) -> int:
         """Epoch ``epoch`` starts; the start's number (an iterator of an older start is stale)."""

@@ -41,6 +41,7 @@ def private_resident(pid: int) -> int | None:
 
 
 def mib(n: int) -> str:
+    """Bytes as whole MiB, as ``worker_memory`` is written in the log."""
     return f"{n / (1 << 20):.0f} MiB"
 
 
@@ -76,7 +77,7 @@ class MemoryWatcher:
     def stop(self, wait: bool = True) -> None:
         """Stop watching; with ``wait``, once the thread has ended (any thread but the watcher's)."""
         self._stop.set()
-        if wait and self._thread.is_alive():
+        if wait and self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
 
     def killed(self, proc: WorkerProcess) -> int | None:
@@ -88,11 +89,14 @@ class MemoryWatcher:
             return self._killed.pop(proc, None)
 
     def _run(self) -> None:
+        failed = 0
         while not self._stop.wait(self._poll):
             try:
                 self.check()
-            except Exception:  # never end silently: the next poll tries again
-                log.exception("the worker memory watcher failed")
+            except Exception:  # never end silently: the next poll tries again; logged once a minute at most
+                failed += 1
+                if failed % int(60 / self._poll) == 1:
+                    log.exception("the worker memory watcher failed (%d time(s) so far)", failed)
 
     def check(self) -> None:
         """Read every worker's private resident memory once; kill those above the ceiling."""

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ...formats.decoders import DecodeError, Decoder, MemberTooLarge
+from ...formats.images import own_pillow
 from ..layout.sample import FieldSelection, load_sample
 from ..layout.side import SideWriter
 from ..layout.spec import SampleRejected, fill
@@ -145,6 +146,7 @@ class Worker:
     """Serves fill commands for one epoch at a time; owns its mapping of the ring."""
 
     def __init__(self, args: WorkerArgs):
+        own_pillow()  # Pillow's bomb limit from max_member_bytes, in this process only (formats/images.py)
         self.args = args
         self.setup, self.code = args.setup, args.code
         self.ring: BatchRing = args.setup.ring.attach()
