@@ -161,6 +161,18 @@ def test_a_state_taken_after_the_epochs_shards_were_evicted_resumes_the_rest_of_
     assert set(range(40, 60)) <= set(rest)  # the shard still cached is read to its end
 
 
+def test_a_worker_killed_after_shards_of_its_epoch_were_evicted_is_replaced_with_no_sample_lost_or_repeated(
+        cache, data):
+    store = published(cache, data, 3)
+    with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC, shuffle_buffer=16) as loader:
+        it = iter(loader)
+        ids = [i for _ in range(3) for i in next(it)["cls"].tolist()]
+        store.evict_oldest(1)  # the worker has it open and reads it whole; a replacement cannot open it
+        os.kill(loader._pipeline.pool.worker_pids()[0], signal.SIGKILL)
+        ids += [i for b in it for i in b["cls"].tolist()]
+    assert sorted(ids) == list(range(60))
+
+
 def test_the_loader_waits_for_min_shards_and_then_says_why_it_gave_up(cache):
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="min_shards=2"):

@@ -151,11 +151,11 @@ def judge(record: Record, keys_dir: str, warmup: float, process_warmup: float,
         if e["twice"] or e["partial_shards"]:
             v.failures.append(f"epoch {e['epoch']}: {e['twice']} sample(s) trained twice, shards read in part: "
                               f"{e['partial_shards'] or 'none'}")
-    v.cache_peak = max((s["cache_bytes"] for s in record.system), default=0)
+    v.cache_peak = max((s.get("shard_bytes", s["cache_bytes"]) for s in record.system), default=0)
     v.cache_bound = record.budget + record.settings["fetch_threads"] * record.largest_shard
     if v.cache_peak > v.cache_bound:
-        v.failures.append(f"/dev/shm: the cache took {v.cache_peak} bytes, over its budget plus the downloads in "
-                          f"flight ({v.cache_bound})")
+        v.failures.append(f"/dev/shm: the cache's shards took {v.cache_peak} bytes, over its budget plus the "
+                          f"downloads in flight ({v.cache_bound})")
     for e in record.exits:
         if not e["expected"]:
             v.failures.append(f"{e['role']} exited with {e['code']} at {e['t']:.0f} s, not by the schedule")
@@ -183,8 +183,10 @@ def table(record: Record, v: Verdict) -> str:
                   f"last ({last / first:.1%})" if first else "- throughput: no data",
               f"- epochs trained to their end: {len(v.epochs)}, {sum(e['samples'] for e in v.epochs)} samples; "
               f"trained twice: {twice}; shards read in part: {partial}",
-              f"- /dev/shm: the cache peaked at {v.cache_peak / MIB:.1f} MiB against a bound of "
-              f"{v.cache_bound / MIB:.1f} MiB (budget {record.budget / MIB:.1f} MiB plus the downloads in flight); "
+              f"- /dev/shm: the cache's shards peaked at {v.cache_peak / MIB:.2f} MiB against a bound of "
+              f"{v.cache_bound / MIB:.2f} MiB (budget {record.budget / MIB:.2f} MiB plus the downloads in flight), the whole "
+              f"cache directory (indexes, manifest, leases; in 4 KiB pages) at "
+              f"{max((x['cache_bytes'] for x in record.system), default=0) / MIB:.2f} MiB; "
               f"/dev/shm as a whole at most {max((x.get('shm_bytes', 0) for x in record.system), default=0) / MIB:.1f} "
               f"MiB above its use at the start (the batch ring is a memfd: not in /dev/shm)",
               f"- faults: " + ", ".join(f"{k} x{n}" for k, n in Counter(e["kind"] for e in record.events

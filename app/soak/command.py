@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a decode worker is SIGKILLed this often, in seconds (at most a twelfth of the run)")
     p.add_argument("--store-down", type=float, default=d.store_down, help="seconds the store is down, once")
     p.add_argument("--workers", type=int, default=d.workers, help="the trainer's decode workers")
+    p.add_argument("--cached-shards", type=int, default=d.cached_shards,
+                   help=f"the sidecar's budget in shards, of {d.shards} (default {d.cached_shards}: it evicts all the "
+                        f"time; {d.shards}: the whole dataset, nothing evicted)")
     p.add_argument("--step-ms", type=float, default=d.step_ms, help="the training step's least duration")
     p.add_argument("--out", default=d.out, help="where soak.md, soak.png, soak.json, the logs and keys go")
     p.add_argument("--rss-target", type=float, default=Targets().rss_mib_per_hour,
@@ -60,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     """0 when every target was met, 1 when one was not (the table says which)."""
     settings = SoakSettings(minutes=args.minutes, interval=args.interval, warmup=args.warmup,
                             process_warmup=args.process_warmup, worker_every=args.worker_every,
-                            store_down=args.store_down, workers=args.workers, step_ms=args.step_ms, out=args.out)
+                            store_down=args.store_down, workers=args.workers, cached_shards=args.cached_shards,
+                            step_ms=args.step_ms, out=args.out)
     targets = Targets(rss_mib_per_hour=args.rss_target, fds_per_hour=args.fds_target,
                       threads_per_hour=args.fds_target, throughput_ratio=args.throughput_target, window=args.window)
     os.makedirs(settings.out, exist_ok=True)

@@ -73,6 +73,20 @@ def tree_bytes(path: str) -> int:
     return total
 
 
+def shard_bytes(path: str) -> int:
+    """Bytes of the shards under ``path`` (``.tar`` files and downloads in progress), as the budget counts them:
+    the cache's other files (indexes, the manifest, reader leases) are the rest of ``tree_bytes``."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            if name.endswith((".tar", ".partial")) or ".partial" in root:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_size
+                except FileNotFoundError:
+                    pass
+    return total
+
+
 def shm_used(path: str = "/dev/shm") -> int:
     """Bytes in use on the ``/dev/shm`` filesystem, by anyone: the soak reports its growth over the run."""
     st = os.statvfs(path)

@@ -26,7 +26,7 @@ from ..demo.procs import free_port, stop_process
 from ..formats.shard_index import load_index
 from ..formats.shard_writer import ShardWriter
 from .faults import SIDECAR_KILL, STORE_DOWN, TRAINER_STOP, WORKER_KILL, Fault, schedule
-from .probe import children, footprint, shm_used, started_at, tree_bytes
+from .probe import children, footprint, shard_bytes, shm_used, started_at, tree_bytes
 
 log = logging.getLogger("feedline.soak")
 
@@ -303,7 +303,8 @@ class Soak:
             fp = footprint(pid)
             if fp is not None:
                 self.record.rows.append({"t": round(now, 2), "role": role, **asdict(fp)})
-        self.record.system.append({"t": round(now, 2), "cache_bytes": tree_bytes(self.cache), "keys": keys,
+        self.record.system.append({"t": round(now, 2), "cache_bytes": tree_bytes(self.cache),
+                                   "shard_bytes": shard_bytes(self.cache), "keys": keys,
                                    "shm_bytes": shm_used() - self.shm_before})
         if self.on_sample is not None:
             self.on_sample(now, keys)

@@ -67,11 +67,15 @@ class ShardProblem:
 EAGER_OPEN = 256  # shards a worker opens as soon as its epoch starts
 
 
-def open_ahead(shards: list[str] | tuple[str, ...],
-               on_open: Callable[[int], None] | None = None) -> dict[str, int]:
+def open_ahead(shards: list[str] | tuple[str, ...], on_open: Callable[[int], None] | None = None,
+               inherited: Mapping[str, int] | None = None) -> dict[str, int]:
     """Open the epoch's first shards at once: a shard evicted later in the epoch still reads whole
-    (POSIX unlink semantics); only one evicted between the snapshot and this moment is lost."""
+    (POSIX unlink semantics); only one evicted between the snapshot and this moment is lost.
+
+    ``inherited`` (a replacement worker's: the trainer's descriptors of the epoch's shards, ``held.py``)
+    stands in for a path that is gone, so the replacement reads what the worker it replaces read."""
     fds = {}
+    inherited = inherited or {}
     for ordinal, path in enumerate(shards[:EAGER_OPEN]):
         if path in fds:  # read twice in the epoch (a mixture's repeat): the second read opens it again
             continue
@@ -79,6 +83,9 @@ def open_ahead(shards: list[str] | tuple[str, ...],
             on_open(ordinal)
         try:
             fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if path in inherited:
+                fds[path] = os.dup(inherited[path])  # evicted since the epoch started: the trainer still has it
         except OSError:
             pass  # reported, with its reason, when the stream reaches it
     return fds

@@ -228,7 +228,8 @@ def child(header: dict[str, Any]) -> None:
     """The worker's entry point: import the script if needed, load the user's code, serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     _die_with_parent(header["trainer"])
-    _close_inherited({0, 1, 2, header["conn"], header["stack"], header["code_fd"], *header["shared"]})
+    _close_inherited({0, 1, 2, header["conn"], header["stack"], header["code_fd"], *header["shared"],
+                      *header["shard_fds"].values()})
     from .messages import STACK_SIGNAL, encode_fatal
 
     # armed before the user's code loads: a start that hangs there shows its stack too
@@ -251,7 +252,8 @@ def child(header: dict[str, Any]) -> None:
         os.close(header["code_fd"])
     from .worker import WorkerArgs, WorkerSetup, worker_main
 
-    worker_main(WorkerArgs(header["worker_id"], conn, header["stack"], WorkerSetup.from_json(header["setup"]), code))
+    worker_main(WorkerArgs(header["worker_id"], conn, header["stack"], WorkerSetup.from_json(header["setup"]), code,
+                           header["shard_fds"]))
 
 
 def _read_all(fd: int, size: int) -> bytes:
@@ -302,8 +304,10 @@ class Launcher:
         """A fresh copy of the user's code, as a worker gets it (for the probe: the original stays unused)."""
         return pickle.loads(self.payload)
 
-    def start(self, worker_id: int, setup: dict[str, Any], shared_fds: list[int]) -> tuple[WorkerProcess, Any, int]:
-        """(the process, the trainer's end of its pipe, the read end of its stack pipe)."""
+    def start(self, worker_id: int, setup: dict[str, Any], shared_fds: list[int],
+              shard_fds: dict[str, int] | None = None) -> tuple[WorkerProcess, Any, int]:
+        """(the process, the trainer's end of its pipe, the read end of its stack pipe); ``shard_fds`` are the
+        epoch's shards the trainer holds (``held.py``), inherited at their numbers."""
         from multiprocessing.connection import Pipe
 
         parent, child_end = Pipe(duplex=True)
@@ -311,6 +315,7 @@ class Launcher:
         os.set_blocking(stack_r, False)
         header = {"worker_id": worker_id, "conn": child_end.fileno(), "stack": stack_w, "code_fd": self._fd,
                   "code_size": len(self.payload), "setup": setup, "trainer": os.getpid(), "shared": shared_fds,
+                  "shard_fds": dict(shard_fds or {}),
                   "main_path": self.script.path if self.script else None,
                   "main_module": self.script.module if self.script else None}
         entry = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
@@ -318,7 +323,7 @@ class Launcher:
         argv = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", entry, json.dumps(sys.path),
                 json.dumps(header)]
         try:
-            pid = spawn(argv, [child_end.fileno(), stack_w, self._fd, *shared_fds])
+            pid = spawn(argv, [child_end.fileno(), stack_w, self._fd, *shared_fds, *(shard_fds or {}).values()])
         except BaseException:
             parent.close()
             os.close(stack_r)

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import ErrorBudget, LoaderError
 from ..plan.epoch_plan import EpochPlan
+from ..plan.stream import EAGER_OPEN
 from ..ring.batch_ring import OPENING, SKIPPING, BatchRing
 from ..stats import StatsRecorder
 from ..watchdog import STALL_HINT, BoundedLock, Heartbeat
@@ -92,6 +93,7 @@ class WorkerPool:
                 self._supervisor.add(plan.workers)
             self._scheduler.start_epoch(plan.epoch if run is None else run, first, delivered, plan.workers, restart)
             self._supervisor.new_epoch()  # stream positions that crashed a worker name other samples in a new split
+            self._supervisor.held.hold([plan.path_of(e) for mine in plan.assignment for e in mine[:EAGER_OPEN]])
             self._plan = plan
             self._needs_plan = [True] * plan.workers
             self._cv.notify_all()

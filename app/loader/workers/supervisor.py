@@ -1,13 +1,11 @@
 """The supervisor: the worker processes' lifetimes — start, notice a death or a stall, replace, stop.
 
-A worker that dies (killed, a segfaulting decoder) or makes no progress for
-``worker_timeout`` seconds while it holds a slot (a deadlocked decoder, a hung
-network filesystem) is replaced; the replacement resumes its stream after the
-last batch the worker delivered, so nothing is lost or repeated. A sample in
-hand at two deaths or stalls of the same worker is skipped next time and
-counted; one killed above ``worker_memory`` (``memory.py``) counts as a death. A
-worker that keeps dying without delivering is a ``LoaderError``, and so is one
-that has not finished starting within ``stall_timeout`` (the pool asks).
+A worker that dies (killed, a segfaulting decoder) or makes no progress for ``worker_timeout`` seconds
+while it holds a slot (a deadlocked decoder, a hung network filesystem) is replaced; the replacement
+resumes its stream after the last batch the worker delivered (the epoch's shards inherited: ``held.py``),
+so nothing is lost or repeated. A sample in hand at two deaths or stalls of the same worker is skipped
+next time and counted; one killed above ``worker_memory`` (``memory.py``) counts as a death. A worker that
+keeps dying without delivering is a ``LoaderError``, and so is one not started within ``stall_timeout``.
 
 Only the pool's dispatcher thread calls it, except ``send()`` and ``wake()``; the memory
 watcher's thread reads the processes under the lock ``_forget()`` drops them under.
@@ -32,6 +30,7 @@ from ..errors import LoaderError
 from ..ring.batch_ring import BatchRing
 from ..watchdog import Heartbeat
 from .launch import Launcher, WorkerProcess
+from .held import HeldShards
 from .memory import MemoryWatcher, over_ceiling
 from .messages import READY, STOP
 from .stacks import read_stack
@@ -91,9 +90,9 @@ class Supervisor:
         self._procs = [_Proc(i) for i in range(workers)]
         self._selector = selectors.DefaultSelector()
         self._fd_lock = threading.Lock()  # wake() against close(): never write into a reused fd number
-        self._out_lock = threading.Lock()  # a worker's outbox, socket and process: send() and the memory watcher
-        # from their threads against _forget()
+        self._out_lock = threading.Lock()  # outboxes, sockets, processes: send(), the memory watcher vs _forget()
         self._memory = MemoryWatcher(worker_memory, self._live, self._out_lock) if worker_memory > 0 else None
+        self.held = HeldShards()  # the epoch's shards, for a replacement to inherit (held.py)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
@@ -324,7 +323,7 @@ class Supervisor:
     def _spawn(self, p: _Proc) -> None:
         self._ring.status[p.index] = (-1, -1, -1, -1)
         self._beat.beat(f"starting worker {p.index}")
-        proc, conn, stack_r = self._launcher.start(p.index, self._setup, [self._ring.memory.fd])
+        proc, conn, stack_r = self._launcher.start(p.index, self._setup, [self._ring.memory.fd], self.held.fds)
         self._beat.beat()
         p.process, p.conn, p.stack_r = proc, conn, stack_r
         p.sock = socket.socket(fileno=os.dup(conn.fileno()))
@@ -383,6 +382,7 @@ class Supervisor:
         """Ask every worker to stop, give them ``STOP_WAIT`` together, kill what is left, close every pipe."""
         if self._memory is not None:
             self._memory.stop()
+        self.held.close()
         if graceful:
             for p in self._procs:
                 self.send(p.index, STOP)

@@ -18,7 +18,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -90,12 +90,14 @@ class WorkerArgs:
     stack_fd: int
     setup: WorkerSetup
     code: WorkerCode
+    shard_fds: dict[str, int] = field(default_factory=dict)  # the trainer's, of the epoch it started in (held.py)
 
 
 class _Epoch:
     """One epoch's stream and the counters of the batch being filled."""
 
-    def __init__(self, plan: WorkerPlan, shuffle_buffer: int, status: np.ndarray):
+    def __init__(self, plan: WorkerPlan, shuffle_buffer: int, status: np.ndarray,
+                 inherited: dict[str, int] | None = None):
         self.epoch = plan.run  # the token fills and results carry: a restarted epoch has a new one
         self.seed, self.number = plan.seed, plan.epoch  # with the sample: what its random draws are seeded from
         self.poison = set(plan.poison)
@@ -103,7 +105,7 @@ class _Epoch:
         self.repeats = plan.repeats  # per shard ordinal, its pass over its source (a mixture)
         self.status = status
         seed = plan.stream_seed
-        self.fds = open_ahead(plan.shards, self._opening)
+        self.fds = open_ahead(plan.shards, self._opening, inherited)
         self.stream: Iterator[SampleRef | ShardProblem] = sample_stream(plan.shards, shuffle_buffer, seed, self.fds,
                                                                          self._opening, plan.skip, plan.parts)
         self.pos = 0  # samples consumed
@@ -159,6 +161,12 @@ class Worker:
         self.wanted = self.sources if args.code.transform is None else None
         self.reseed = args.code.transform is not None  # only a transform draws: plain decoding costs nothing
         self.epoch: _Epoch | None = None
+        self.inherited = dict(args.shard_fds)  # a replacement's: the dead worker's epoch's shards (held.py)
+
+    def _drop_inherited(self) -> None:
+        for fd in self.inherited.values():
+            os.close(fd)
+        self.inherited = {}
 
     def serve(self) -> None:
         conn = self.args.conn
@@ -178,7 +186,8 @@ class Worker:
             elif kind == EPOCH:
                 if self.epoch is not None:
                     self.epoch.close()
-                self.epoch = _Epoch(decode_epoch(msg), self.setup.shuffle_buffer, self.status)
+                self.epoch = _Epoch(decode_epoch(msg), self.setup.shuffle_buffer, self.status, self.inherited)
+                self._drop_inherited()  # what they were for is open now (dups), or another epoch's
             elif kind == STOP:
                 return
 
