@@ -382,8 +382,9 @@ def test_a_sidecar_fills_two_sources_from_two_stores_into_one_mixed_cache_a_load
             sampler.wait_ready()
             assert wait_for(lambda: len(manifest_ids(os.path.join(cache, "web"))) == 6
                             and len(manifest_ids(os.path.join(cache, "rare"))) == 2)  # 3/4 and 1/4 of 8 shards
-            assert sampler.metric("feedline_cache_shards", source="web") == 6
-            assert sampler.metric("feedline_cache_shards", source="rare") == 2
+            # the gauges follow the manifests a moment later (the sidecar's loop sets them)
+            assert wait_for(lambda: sampler.metric("feedline_cache_shards", source="web") == 6
+                            and sampler.metric("feedline_cache_shards", source="rare") == 2)
             assert sampler.metric("feedline_cache_budget_bytes", source="rare") == (8 * shard + 100) // 4
             assert [(p.name, p.weight) for p in read_mix(cache)] == [("web", 0.75), ("rare", 0.25)]
             with StagingLoader(cache=cache, batch_size=10, workers=2, spec=SPEC) as loader:
