@@ -74,7 +74,7 @@ def test_a_sample_that_takes_its_worker_past_the_ceiling_twice_is_skipped_and_co
     held = [int(re.search(r"\((\d+) MiB private resident\)", m).group(1)) for m in logged]
     # killed on its way to 1 GiB, before it got there (the watcher reads every 50 ms; the allocation touches
     # its pages at GB/s, so a loaded host lets it go further past the ceiling, never to its end)
-    assert all(320 < h < 1000 for h in held), held
+    assert all(320 <= h < 1000 for h in held), held  # logged in whole MiB: just over 320 MiB reads 320
     assert "sample 's0000040' crashed a worker twice; skipped" in capfd.readouterr().err  # the worker's log
 
 
