@@ -82,6 +82,8 @@ def _train(args: argparse.Namespace, stop: StopSignal) -> int:
         tasks: dict[int, Any] = {}
 
         def on_epoch_start(epoch: int) -> None:
+            for done in list(tasks):  # one bar, the current epoch's: a run of weeks must not keep every epoch's
+                progress.remove_task(tasks.pop(done))
             total = epoch_samples(loader) if cfg.progress else None
             tasks[epoch] = progress.add_task("", total=total, epoch=epoch, rate=0.0, wait=0.0, q="-",
                                              shards=len(loader.epoch_shards))

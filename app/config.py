@@ -146,6 +146,10 @@ class Config:
     replace_fraction: float = setting(0.1, "grow: share of the oldest shards replaced per epoch once full",
                                       "sampler", minimum=0, maximum=1)
     refresh_per_minute: float = setting(6.0, "fill: shards replaced per minute once full", "sampler", minimum=0)
+    reader_lease: float = setting(600.0, "seconds an evicted shard stays on disk for a reader whose epoch reads it "
+                                         "after that reader's last sign of life (a trainer restarting from its "
+                                         "checkpoint finds its epoch whole); 0: removed at once", "sampler",
+                                  minimum=0)
     fetch_threads: int = setting(4, "concurrent shard downloads", "sampler", minimum=1, maximum=64)
     max_mbps: float = setting(0.0, "bandwidth cap of the downloads in MB/s (0: none)", "sampler", minimum=0)
     fetch_timeout: float = setting(30.0, "seconds without data before a download is retried", "sampler",
@@ -348,7 +352,8 @@ class Config:
             fetch_timeout=self.fetch_timeout, fetch_min_mbps=self.fetch_min_mbps, retries=self.retries,
             retry_max_seconds=self.retry_max_seconds, auth_header=self.auth_header,
             auth_header_file=self.auth_header_file, partition_index=self.partition_index,
-            partition_count=self.partition_count, seed=self.seed, min_shards=self.min_shards)
+            partition_count=self.partition_count, seed=self.seed, min_shards=self.min_shards,
+            reader_lease=self.reader_lease)
 
     def port(self, default: int) -> int:
         """The metrics port: the setting, or the command's default where it is -1."""

@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -96,12 +97,17 @@ class EpochSummary:
         return d
 
 
+KEPT_EPOCHS = 1000  # rows the summary keeps: a run of weeks with small epochs must not grow without bound
+
+
 @dataclass
 class TrainSummary:
-    """The whole demo run: per-epoch rows (all ranks' together) and the loader's final counters (this rank's)."""
+    """The whole demo run: per-epoch rows (all ranks' together; the last ``KEPT_EPOCHS``, the log has every one)
+    and the loader's final counters (this rank's)."""
 
     device: str
-    epochs: list[EpochSummary]
+    epochs: deque[EpochSummary] = field(default_factory=lambda: deque(maxlen=KEPT_EPOCHS))
+    epochs_run: int = 0  # every epoch started, the rows left out included
     final: LoaderStats | None = None
     interrupted: bool = False
     ranks: int = 1
@@ -117,6 +123,7 @@ class TrainSummary:
             "steps_per_rank": self.steps,
             "parameter_checksum_per_rank": self.parameters,
             "epochs": [e.to_json() for e in self.epochs],
+            "epochs_left_out": self.epochs_run - len(self.epochs),
             "loader": None if f is None else {
                 "samples_total": f.samples_total, "bytes_total": f.bytes_total,
                 "data_wait_seconds_total": f.data_wait_seconds_total, "step_seconds_total": f.step_seconds_total,
@@ -162,7 +169,7 @@ def train(cfg: Config, loader: StagingLoader,
         model = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    summary = TrainSummary(str(device), [], ranks=job.world)
+    summary = TrainSummary(str(device), ranks=job.world)
     step_floor = cfg.step_ms / 1000.0
     checkpoints = CheckpointDir(cfg.checkpoint) if cfg.checkpoint else None
     step = 0
@@ -189,6 +196,7 @@ def train(cfg: Config, loader: StagingLoader,
         before = loader.stats()
         es = EpochSummary(epoch)
         summary.epochs.append(es)
+        summary.epochs_run += 1
         it = iter(loader)
         first = next(it, None)  # the epoch starts at its first batch: its shards are known from here
         if on_epoch_start is not None:
@@ -306,8 +314,11 @@ def epoch_samples(loader: StagingLoader) -> int | None:
 
 def print_summary(console: Console, summary: TrainSummary, loader: StagingLoader) -> None:
     """The run's table, one row an epoch, and the loader's totals."""
+    left_out = summary.epochs_run - len(summary.epochs)
     table = Table(title=f"feedline train — {summary.device}, {loader.workers} workers, "
-                        f"batch {loader.batch_size}, ring {loader.ring_slots} slots")
+                        f"batch {loader.batch_size}, ring {loader.ring_slots} slots"
+                        + (f" (the last {len(summary.epochs)} of {summary.epochs_run} epochs; the log has every one)"
+                           if left_out else ""))
     mixed = any(e.sources for e in summary.epochs)
     for col in ("epoch", "shards", "shard MB", "samples", *(("per source",) if mixed else ()), "seconds", "samples/s",
                 "MB/s", "data wait s", "starvation", "queues free/decoded/device (mean)", "loss"):

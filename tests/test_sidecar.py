@@ -23,6 +23,7 @@ from helpers import (
 
 from feedline import StagingLoader
 from feedline.cache.manifest import read_manifest, shard_path
+from feedline.cache.readers import leased_ids
 from feedline.cache.store import CacheStore
 from feedline.demo.procs import free_port
 from feedline.demo.store import Fault, FileStore
@@ -71,7 +72,7 @@ def test_budget_is_never_exceeded_and_the_loader_never_reads_a_torn_shard(remote
                 "--min-shards", "3", "--fetch-threads", "2")
     samplers.append(s)
     s.wait_ready()
-    worst = {"manifest": 0, "disk": 0}
+    worst = {"manifest": 0, "disk": 0, "kept": 0}
     stop = threading.Event()
 
     def watch():
@@ -81,14 +82,24 @@ def test_budget_is_never_exceeded_and_the_loader_never_reads_a_torn_shard(remote
                 worst["manifest"] = max(worst["manifest"], read_manifest(cache).total_bytes)
             except (FileNotFoundError, ValueError):
                 pass
-            disk = 0
-            for name in os.listdir(shards_dir):
+            try:  # evicted shards kept for the reader's epoch are not in the budget: counted apart
+                kept = {f"{i}.tar" for i in read_manifest(cache).retained}
+            except (FileNotFoundError, ValueError):
+                continue
+            disk = {True: 0, False: 0}
+            names = os.listdir(shards_dir)
+            try:  # kept at either read: one evicted (and kept) while the folder was listed is no budget breach
+                kept |= {f"{i}.tar" for i in read_manifest(cache).retained}
+            except (FileNotFoundError, ValueError):
+                continue
+            for name in names:
                 if name.endswith(".tar"):
                     try:
-                        disk += os.path.getsize(os.path.join(shards_dir, name))
+                        disk[name in kept] += os.path.getsize(os.path.join(shards_dir, name))
                     except FileNotFoundError:
                         pass
-            worst["disk"] = max(worst["disk"], disk)
+            worst["disk"] = max(worst["disk"], disk[False])
+            worst["kept"] = max(worst["kept"], disk[True])
             time.sleep(0.002)
 
     watcher = threading.Thread(target=watch)
@@ -109,13 +120,16 @@ def test_budget_is_never_exceeded_and_the_loader_never_reads_a_torn_shard(remote
         stop.set()
         watcher.join()
     assert worst["manifest"] <= budget and worst["disk"] <= budget
+    assert worst["kept"] <= 2 * budget  # the epoch's shards (at most the budget), and for a moment the last epoch's
     assert {k: v for k, v in errors.items() if v and k != "evicted"} == {}
     assert len(epochs_shards) > 3  # the cache really turned over while training
 
 
-def published(cache, data, count):
-    """A cache holding the first ``count`` shards, published as the sampler does."""
-    store = CacheStore(cache, budget_bytes=10 * shard_bytes(data))
+def published(cache, data, count, lease=0.0):
+    """A cache holding the first ``count`` shards, published as the sampler does (``lease``: its
+    ``reader_lease``, 0 for none)."""
+    store = CacheStore(cache, budget_bytes=10 * shard_bytes(data),
+                       leased=(lambda: leased_ids(cache, lease)) if lease else None)
     store.recover()
     for k in range(count):
         publish_copy(store, data, k)
@@ -171,6 +185,49 @@ def test_a_worker_killed_after_shards_of_its_epoch_were_evicted_is_replaced_with
         os.kill(loader._pipeline.pool.worker_pids()[0], signal.SIGKILL)
         ids += [i for b in it for i in b["cls"].tolist()]
     assert sorted(ids) == list(range(60))
+
+
+def test_a_trainer_resumed_after_the_sidecar_evicted_its_epochs_shards_trains_every_sample_once(cache, data):
+    store = published(cache, data, 3, lease=600)
+    with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC, shuffle_buffer=16) as loader:
+        it = iter(loader)
+        ids = [i for _ in range(3) for i in next(it)["cls"].tolist()]
+        state = loader.state_dict()
+    store.evict_oldest(3)  # while the trainer is down, every shard of its epoch leaves the manifest
+    publish_copy(store, data, 3)
+    assert manifest_ids(cache) == ["ids-0003"] and store.retained_bytes == 3 * shard_bytes(data)
+    with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC, shuffle_buffer=16) as loader:
+        loader.load_state_dict(state)
+        ids += [i for b in loader for i in b["cls"].tolist()]
+        assert sorted(ids) == list(range(60))  # the resumed epoch: exactly once, nothing lost
+        assert store.release() == [] and len(os.listdir(os.path.join(cache, "shards"))) >= 6
+        next(iter(loader))  # the next epoch reads only ids-0003: what the last one kept goes
+        assert sorted(store.release()) == ["ids-0000", "ids-0001", "ids-0002"]
+    assert store.retained_bytes == 0 and read_manifest(cache).retained == []
+    assert sorted(os.listdir(os.path.join(cache, "shards"))) == [".partial", "ids-0003.idx", "ids-0003.tar"]
+
+
+def test_an_evicted_shard_kept_for_a_reader_is_removed_once_its_lease_goes_stale(cache, data):
+    store = published(cache, data, 2, lease=600)
+    with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC) as loader:
+        next(iter(loader))
+    store.evict_oldest(2)
+    assert store.release() == [] and os.path.exists(shard_path(cache, "ids-0000"))
+    old = time.time() - 601  # the trainer never came back: its last sign of life is past the lease
+    os.utime(os.path.join(cache, "readers", "0.json"), (old, old))
+    assert sorted(store.release()) == ["ids-0000", "ids-0001"]
+    assert not os.path.exists(shard_path(cache, "ids-0000")) and read_manifest(cache).retained == []
+
+
+def test_a_restarted_sidecar_keeps_what_a_reader_still_needs_and_adopts_none_of_it(cache, data):
+    store = published(cache, data, 2, lease=600)
+    with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC) as loader:
+        next(iter(loader))
+    store.evict_oldest(1)
+    again = CacheStore(cache, budget_bytes=10 * shard_bytes(data), leased=lambda: leased_ids(cache, 600))
+    again.recover()
+    assert again.ids() == {"ids-0001"} and read_manifest(cache).retained == ["ids-0000"]
+    assert os.path.exists(shard_path(cache, "ids-0000"))
 
 
 def test_the_loader_waits_for_min_shards_and_then_says_why_it_gave_up(cache):
@@ -417,7 +474,7 @@ def test_a_restarted_sidecar_goes_on_with_the_same_growth_plan(remote, cache, sa
     again = Sampler(remote, cache, *args)
     samplers.append(again)
     again.wait_ready()
-    write_reader(cache, 0, 0, generation, 3)  # the trainer starts its epoch: the cache grows by 2
+    write_reader(cache, 0, 0, generation, manifest_ids(cache))  # the trainer starts its epoch: the cache grows by 2
     assert wait_for(lambda: len(manifest_ids(cache)) == 5)
     assert sorted(manifest_ids(cache)) == sorted(expected)  # the seeded plan, not a new draw
     assert read_manifest(cache).generation > generation

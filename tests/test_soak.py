@@ -68,6 +68,13 @@ def test_a_sample_trained_twice_in_an_epoch_fails_the_run(tmp_path):
     assert "epoch 0: 1 sample(s) trained twice" in " ".join(v.failures)
 
 
+def test_evicted_shards_kept_for_readers_beyond_one_epochs_worth_fail_the_run(tmp_path):
+    r = record([row(t, 1, 200 * MiB) for t in range(0, 1801, 10)])
+    r.system[50]["retained_bytes"] = 101 * MiB  # an epoch reads at most what the cache held: the budget, 100 MiB
+    v = judge(r, one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+    assert any(f.startswith("/dev/shm: evicted shards kept for readers took") for f in v.failures), v.failures
+
+
 def test_a_cache_over_its_budget_and_the_downloads_in_flight_fails_the_run(tmp_path):
     r = record([row(t, 1, 200 * MiB) for t in range(0, 1801, 10)])
     r.system[50]["cache_bytes"] = 103 * MiB  # budget 100 MiB, two fetch threads of 1 MiB shards: 102 MiB
@@ -81,9 +88,6 @@ def test_three_minutes_under_every_fault_meet_the_targets_and_leave_nothing(tmp_
     done = subprocess.run([sys.executable, "-m", "feedline", "soak", "--minutes", "3", "--interval", "2",
                            "--warmup", "30", "--process-warmup", "10", "--window", "40",
                            "--rss-target", "600", "--fds-target", "1000", "--throughput-target", "0.8",
-                           # the whole dataset cached: a trainer stopped and resumed while the sidecar evicts loses
-                           # what was evicted meanwhile (the open part of issue 33, docs/reliability.md)
-                           "--cached-shards", "40",
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((out / "soak.json").read_text())
@@ -91,5 +95,6 @@ def test_three_minutes_under_every_fault_meet_the_targets_and_leave_nothing(tmp_
     assert {e["kind"] for e in events} >= set(KINDS)
     assert len(verdict["epochs"]) >= 2 and all(not e["twice"] and not e["partial_shards"] for e in verdict["epochs"])
     assert result["record"]["leftovers"] == []
+    assert any("evicted" in line for line in (out / "logs" / "sidecar-1.log").read_text().splitlines())
     assert set(os.listdir("/dev/shm")) <= before
     assert (out / "soak.png").stat().st_size > 10_000 and "every target met" in (out / "soak.md").read_text()

@@ -35,12 +35,15 @@ class Manifest:
 
     ``complete``: the cache holds every shard of its source, so nothing more will come and a loader
     waiting for ``min_shards`` starts with what is there (a store of 2 shards, ``min_shards=4``).
+    ``retained``: ids evicted from ``shards`` whose files stay on disk while a reader's lease names them
+    (``readers.py``); never planned from, not counted in the budget, removed once no lease names them.
     """
 
     generation: int = 0
     budget_bytes: int = 0
     shards: list[ShardEntry] = field(default_factory=list)
     complete: bool = False
+    retained: list[str] = field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -48,7 +51,7 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         return {"generation": self.generation, "budget_bytes": self.budget_bytes, "complete": self.complete,
-                "shards": [asdict(s) for s in self.shards]}
+                "shards": [asdict(s) for s in self.shards], "retained": list(self.retained)}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> "Manifest":
@@ -58,6 +61,7 @@ class Manifest:
             budget_bytes=int(doc.get("budget_bytes", 0)),
             shards=[ShardEntry(**{k: v for k, v in s.items() if k in known}) for s in doc["shards"]],
             complete=bool(doc.get("complete", False)),
+            retained=[str(i) for i in doc.get("retained", [])],
         )
 
 

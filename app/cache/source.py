@@ -6,8 +6,10 @@ import logging
 import os
 import time
 
-from .manifest import Manifest, read_manifest, shard_path
-from .readers import write_reader
+from collections.abc import Sequence
+
+from .manifest import SHARDS_DIR, Manifest, read_manifest, shard_path
+from .readers import TOUCH_EVERY, touch_reader, write_reader
 
 log = logging.getLogger("feedline.cache")
 
@@ -30,6 +32,7 @@ class CacheSource:
         self.generation = -1
         self.counts: dict[str, int] = {}  # samples per shard of the last snapshot, from the manifest
         self.complete = False  # the last snapshot holds every shard of the sampler's source
+        self._touched = 0.0  # when this process last renewed its reader lease (monotonic)
 
     def manifest(self) -> Manifest | None:
         try:
@@ -46,8 +49,18 @@ class CacheSource:
         self.counts = {shard_path(self.cache_dir, s.id): s.samples for s in manifest.shards}
         return list(self.counts)
 
-    def epoch_started(self, rank: int, epoch: int, shards: int) -> None:
-        write_reader(self.cache_dir, rank, epoch, self.generation, shards)
+    def epoch_started(self, rank: int, epoch: int, shards: Sequence[str]) -> None:
+        """The reader file and its lease: the sampler keeps these shards on disk while the lease is fresh."""
+        prefix = os.path.join(self.cache_dir, SHARDS_DIR) + os.sep
+        ids = [p[len(prefix):-len(".tar")] for p in shards if p.startswith(prefix) and p.endswith(".tar")]
+        write_reader(self.cache_dir, rank, epoch, self.generation, ids)
+        self._touched = time.monotonic()
+
+    def reading(self, rank: int) -> None:
+        """Batches go out: the lease is renewed (at most every TOUCH_EVERY seconds)."""
+        if time.monotonic() - self._touched >= TOUCH_EVERY:
+            touch_reader(self.cache_dir, rank)
+            self._touched = time.monotonic()
 
     def wait_for(self, min_shards: int, timeout: float) -> list[str]:
         """The snapshot once it holds ``min_shards``, or the whole source when that is fewer; a clear error after

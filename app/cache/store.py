@@ -5,7 +5,9 @@ Invariants, kept by one lock in the one writer process (the sampler):
   ``shards/.partial/``, verified, fsynced, then renamed;
 - its index ``shards/<id>.idx`` is in place before the shard is;
 - ``manifest.json`` is replaced atomically with a higher generation;
-- eviction publishes a manifest without the shard first, then unlinks it;
+- eviction publishes a manifest without the shard first, then unlinks it — or, while a
+  reader's lease names it (``readers.py``), keeps the file where it is, listed as
+  ``retained``, until no lease does (``release()``);
 - published bytes never exceed the budget: room is made before a publish.
 """
 
@@ -59,7 +61,7 @@ class CacheStore:
     """The cache directory's one writer: keeps the DESIGN.md invariants under one lock."""
 
     def __init__(self, root: str, budget_bytes: int, on_evict: Callable[[ShardEntry], None] | None = None,
-                 source_ids: frozenset[str] | None = None):
+                 source_ids: frozenset[str] | None = None, leased: Callable[[], set[str]] | None = None):
         self.root = os.path.abspath(root)
         self.budget_bytes = budget_bytes
         self.source_ids = source_ids  # every shard of the source: when all are published, the manifest says so
@@ -68,6 +70,8 @@ class CacheStore:
         self._lock = threading.Lock()
         self._manifest = Manifest(budget_bytes=budget_bytes)
         self._on_evict = on_evict
+        self._leased = leased  # ids the readers' epochs read: evicted from the manifest, kept on disk
+        self._retained: dict[str, int] = {}  # id -> bytes of the files kept so
         os.makedirs(self.partial_dir, exist_ok=True)
         os.makedirs(os.path.join(self.root, READERS_DIR), exist_ok=True)
 
@@ -94,6 +98,12 @@ class CacheStore:
         with self._lock:
             return self._manifest.complete
 
+    @property
+    def retained_bytes(self) -> int:
+        """Bytes of evicted shards kept on disk for a reader's epoch: beyond the budget, in the same tmpfs."""
+        with self._lock:
+            return sum(self._retained.values())
+
     def ids(self) -> set[str]:
         with self._lock:
             return {s.id for s in self._manifest.shards}
@@ -105,7 +115,7 @@ class CacheStore:
 
     def _write(self, shards: list[ShardEntry]) -> None:
         complete = bool(self.source_ids) and self.source_ids <= {s.id for s in shards}
-        m = Manifest(self._manifest.generation + 1, self.budget_bytes, shards, complete)
+        m = Manifest(self._manifest.generation + 1, self.budget_bytes, shards, complete, sorted(self._retained))
         write_manifest(self.root, m)
         self._manifest = m
 
@@ -113,16 +123,43 @@ class CacheStore:
         if not victims:
             return
         gone = {v.id for v in victims}
+        leased = self._leased() if self._leased is not None else set()
+        for v in victims:
+            if v.id in leased:
+                self._retained[v.id] = v.bytes
         self._write([s for s in self._manifest.shards if s.id not in gone])
         for v in victims:  # readers that opened it keep reading (POSIX unlink)
-            for p in (shard_path(self.root, v.id), index_path(shard_path(self.root, v.id))):
-                try:
-                    os.unlink(p)
-                except FileNotFoundError:
-                    pass
-            log.info("evicted %s (%d bytes, added %.0f s ago)", v.id, v.bytes, time.time() - v.added_at)
+            if v.id in leased:
+                log.info("evicted %s (%d bytes, added %.0f s ago); its file stays while a reader's epoch reads it",
+                         v.id, v.bytes, time.time() - v.added_at)
+            else:
+                self._unlink(v.id)
+                log.info("evicted %s (%d bytes, added %.0f s ago)", v.id, v.bytes, time.time() - v.added_at)
             if self._on_evict is not None:
                 self._on_evict(v)
+
+    def _unlink(self, shard_id: str) -> None:
+        for p in (shard_path(self.root, shard_id), index_path(shard_path(self.root, shard_id))):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+    def release(self) -> list[str]:
+        """Remove the retained shards no reader's lease names any more; the ids removed."""
+        if not self._retained:
+            return []
+        leased = self._leased() if self._leased is not None else set()
+        with self._lock:
+            done = [i for i in self._retained if i not in leased]
+            if not done:
+                return []
+            for i in done:  # the files first: a file on disk is always in the manifest, as published or retained
+                self._unlink(i)
+                del self._retained[i]
+            self._write(self._manifest.shards)
+        log.info("removed %d evicted shard(s) no reader's epoch reads any more: %s", len(done), ", ".join(done[:5]))
+        return done
 
     def evict_oldest(self, count: int) -> list[ShardEntry]:
         with self._lock:
@@ -152,6 +189,7 @@ class CacheStore:
                 victims.append(v)
                 total -= v.bytes
             self._evict_locked(victims)
+            self._retained.pop(shard_id, None)  # fetched again: published (the same bytes) in its place
             write_index(index, index_path(final))
             os.replace(partial, final)
             fsync_dir(self.shards_dir)
@@ -184,8 +222,12 @@ class CacheStore:
             known = {s.id: s for s in old.shards}
             kept: list[ShardEntry] = []
             on_disk = sorted(glob.glob(os.path.join(self.shards_dir, "*.tar")))
+            self._retained = {}
             for path in on_disk:
                 sid = os.path.basename(path)[: -len(".tar")]
+                if sid in old.retained and sid not in known:  # still kept for a reader: release() decides
+                    self._retained[sid] = os.path.getsize(path)
+                    continue
                 try:
                     index = build_index(path)
                 except ShardError as exc:
@@ -207,7 +249,7 @@ class CacheStore:
             present = {e.id for e in kept}
             r.dropped_missing = sum(1 for sid in known if sid not in present)
             for p in glob.glob(os.path.join(self.shards_dir, "*.idx")):
-                if os.path.basename(p)[: -len(".idx")] not in present:
+                if os.path.basename(p)[: -len(".idx")] not in present | set(self._retained):
                     os.unlink(p)
             self._manifest = Manifest(old.generation, self.budget_bytes, sorted(kept, key=lambda s: s.added_at))
             self._write(self._manifest.shards)

@@ -16,8 +16,11 @@ import struct
 import threading
 import time
 import urllib.parse
+from collections import deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+LOG_REQUESTS = 10_000  # requests the store remembers (tests read them)
 
 log = logging.getLogger("feedline.store")
 
@@ -45,7 +48,9 @@ class FileStore:
         self.root = os.path.abspath(root)
         self.faults: dict[str, Fault] = {}
         self.requests: dict[str, int] = {}
-        self.log: list[tuple[float, str, str, int]] = []  # (monotonic time, method, path, status) of each request
+        # (monotonic time, method, path, status) of the last LOG_REQUESTS requests: a store serving for weeks must
+        # not keep every one
+        self.log: deque[tuple[float, str, str, int]] = deque(maxlen=LOG_REQUESTS)
         self.down = 0  # answer every request with this status (an outage) while non-zero
         self.auth: str | None = None  # the Authorization header value every request must carry
         store = self

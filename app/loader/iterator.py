@@ -54,8 +54,9 @@ class EpochIterator:
                  release: Callable[[int], None], stats: StatsRecorder, device: torch.device, cursor: Cursor,
                  limit: int | None = None, kept: KeptBatches | None = None,
                  tune: Callable[[float], float | None] | None = None,
-                 ended: Callable[[int], None] = lambda epoch: None):
+                 ended: Callable[[int], None] = lambda epoch: None, reading: Callable[[], None] = lambda: None):
         self._epoch = epoch
+        self._reading = reading  # a batch goes out: a cache's reader lease is renewed (throttled there)
         self._start = start  # the loader's count of epoch starts when this one started
         self._ended = ended
         self._tune = tune  # workers="auto": called at a next() once its time comes; returns the next time
@@ -135,6 +136,7 @@ class EpochIterator:
             tensors = {k: SlotView.of(v) for k, v in tensors.items()}
             self._held = list(tensors.values())
         self._cursor.record(*item.origin)
+        self._reading()
         self._last_return = time.perf_counter()
         batch = {**tensors, **item.extra}
         if self._limit is not None:

@@ -13,6 +13,7 @@ editors and ``help()`` show them); the parts it wires live in their own files.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -308,7 +309,7 @@ class StagingLoader:
             if limit is None:
                 limit = p.coordinator.agree(plan.epoch, self._batches(plan))
                 self._epochs.remember(plan.epoch, limit)
-        self.source.epoch_started(self.rank.rank, plan.epoch, len(plan.shards))
+        self.source.epoch_started(self.rank.rank, plan.epoch, plan.shards)
         self._stats.set_epoch(plan.epoch)
         if p.decoder is not None:
             p.decoder.epoch = plan.epoch
@@ -316,7 +317,8 @@ class StagingLoader:
         self._cursor.expected = limit  # (else worked out from the shard indexes when a state is asked for)
         self._start_run(plan, first, delivered)
         it = EpochIterator(plan.epoch, start, lambda: self._epochs.starts, p.queue, p.pool.release, self._stats,
-                           self.device, self._cursor, limit, p.kept, self._auto, self._epochs.ended)
+                           self.device, self._cursor, limit, p.kept, self._auto, self._epochs.ended,
+                           functools.partial(self.source.reading, self.rank.rank))
         self._iterator = weakref.ref(it)
         return it
 

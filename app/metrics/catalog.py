@@ -63,6 +63,8 @@ LOADER: tuple[MetricDef, ...] = (
 SAMPLER: tuple[MetricDef, ...] = (
     MetricDef("cache_bytes", "gauge", "Bytes of published shards in the cache."),
     MetricDef("cache_budget_bytes", "gauge", "The cache's byte budget."),
+    MetricDef("cache_retained_bytes", "gauge", "Bytes of evicted shards kept on disk (beyond the budget) while the "
+              "epoch of a reader, running or restarting, reads them."),
     MetricDef("cache_shards", "gauge", "Published shards in the cache."),
     MetricDef("cache_evictions_total", "counter", "Shards evicted from the cache."),
     MetricDef("fetch_bytes_total", "counter", "Bytes of shards fetched and published."),

@@ -108,9 +108,11 @@ ROWS: list[tuple[str, list[Panel]]] = [
               "each shard and key.", "short", [Query(_rate("feedline_sample_errors_total", "reason"), "{{reason}}")]),
     ]),
     ("Cache (sampler sidecar)", [
-        Panel("Cache bytes vs budget", "Published shard bytes in the cache, and the budget they never exceed.",
+        Panel("Cache bytes vs budget", "Published shard bytes in the cache, the budget they never exceed, and "
+              "evicted shards kept on disk while a reader's epoch (a trainer restarting included) reads them.",
               "bytes", [Query(f"sum(feedline_cache_bytes{SEL})", "cached"),
-                        Query(f"sum(feedline_cache_budget_bytes{SEL})", "budget")]),
+                        Query(f"sum(feedline_cache_budget_bytes{SEL})", "budget"),
+                        Query(f"sum(feedline_cache_retained_bytes{SEL})", "kept for readers")]),
         Panel("Cache shards and growth per epoch",
               "Shards in the cache next to the loader's epoch: with the grow policy the cache steps up at each "
               "new epoch until the budget is full, then turns over.", "short",

@@ -39,6 +39,7 @@ class SidecarSettings:
     partition_count: int = 1
     seed: int = 0
     min_shards: int = 1
+    reader_lease: float = 600.0
 
     def __post_init__(self) -> None:
         if not str(self.source).strip():
@@ -48,7 +49,8 @@ class SidecarSettings:
             ("replace_fraction", 0, 1), ("refresh_per_minute", 0, None), ("fetch_threads", 1, 64),
             ("max_mbps", 0, None), ("fetch_timeout", 0.1, None), ("fetch_min_mbps", 0, None), ("retries", 0, None),
             ("retry_max_seconds", 1, None), ("partition_index", 0, None),
-            ("partition_count", 1, None), ("seed", 0, None), ("min_shards", 1, None))
+            ("partition_count", 1, None), ("seed", 0, None), ("min_shards", 1, None),
+            ("reader_lease", 0, None))
         for name, low, high in checks:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (

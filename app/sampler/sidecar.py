@@ -18,7 +18,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ..cache.readers import read_readers
+from ..cache.readers import leased_ids, read_readers
 from ..cache.store import BudgetError, CacheStore
 from ..errors import SettingError
 from ..formats.compressed import TooLarge, decompress
@@ -38,6 +38,7 @@ log = logging.getLogger("feedline.sampler")
 
 PROBE_SHARDS = 8  # remote shards whose size is checked against the budget at start-up
 PROBE_TIMEOUT = 10.0  # seconds one of those may take: the probe asks whether the store is up, not every shard
+RELEASE_EVERY = 5.0  # seconds between looks at the readers' leases (expiry) for evicted shards kept on disk
 PROCESS_MEMORY = 128 << 20  # the sidecar's own memory, on top of the cache it writes
 
 
@@ -57,7 +58,9 @@ class Sidecar:
         self.shards = self._list_source()
         self._check_budget()
         self.store = CacheStore(self.cache_dir, s.budget, on_evict=lambda e: self.sink.inc("cache_evictions_total"),
-                                source_ids=frozenset(x.id for x in self.shards))
+                                source_ids=frozenset(x.id for x in self.shards),
+                                leased=(lambda: leased_ids(self.cache_dir, s.reader_lease)) if s.reader_lease > 0
+                                else None)
         self.policy: Policy = (GrowPolicy(s.initial_shards, s.grow_shards, s.replace_fraction)
                                if s.policy == "grow" else FillPolicy(s.fetch_threads, s.refresh_per_minute))
         self._plan = shard_plan(self.shards, s.seed)
@@ -244,6 +247,7 @@ class Sidecar:
         self.sink.set("fetch_breaker_open", float(self.schedule.breaker_open(now)))
         self.sink.set("cache_bytes", self.store.total_bytes)
         self.sink.set("cache_budget_bytes", self.settings.budget)
+        self.sink.set("cache_retained_bytes", self.store.retained_bytes)
         self.sink.set("cache_shards", len(self.store.entries))
         size, free = fs_space(self.cache_dir)
         self.sink.set("shm_bytes", size, kind="size")
@@ -258,6 +262,7 @@ class Sidecar:
         log.info("sampling into %s: budget %s, policy %s, %d fetch threads", self.cache_dir, fmt_bytes(s.budget),
                  s.policy, s.fetch_threads)
         pool = ThreadPoolExecutor(s.fetch_threads, thread_name_prefix="feedline-fetch")
+        released, last_moved = 0.0, ()  # a reader that moved to another epoch frees what its last one kept
         try:
             while not self.stop_event.is_set():
                 readers = read_readers(self.cache_dir)
@@ -270,6 +275,10 @@ class Sidecar:
                 self._quota += self.policy.keep_busy(self._full(), time.monotonic(),
                                                      self._quota + len(self._in_flight))
                 self._dispatch(pool)
+                moved = tuple((r.rank, r.epoch, r.updated_at) for r in readers)
+                if moved != last_moved or time.monotonic() - released >= RELEASE_EVERY:
+                    self.store.release()  # evicted shards kept for a reader's epoch, once no lease names them
+                    released, last_moved = time.monotonic(), moved
                 self._report()
                 self._wake.wait(0.1)
                 self._wake.clear()

@@ -43,6 +43,7 @@ class Verdict:
     epochs: list[dict[str, Any]] = field(default_factory=list)
     cache_peak: int = 0
     cache_bound: int = 0
+    retained_peak: int = 0  # evicted shards kept for a reader's epoch (bound: the budget, one epoch's shards)
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -156,6 +157,10 @@ def judge(record: Record, keys_dir: str, warmup: float, process_warmup: float,
     if v.cache_peak > v.cache_bound:
         v.failures.append(f"/dev/shm: the cache's shards took {v.cache_peak} bytes, over its budget plus the "
                           f"downloads in flight ({v.cache_bound})")
+    v.retained_peak = max((s.get("retained_bytes", 0) for s in record.system), default=0)
+    if v.retained_peak > record.budget:
+        v.failures.append(f"/dev/shm: evicted shards kept for readers took {v.retained_peak} bytes, more than one "
+                          f"epoch's shards can (the budget, {record.budget})")
     for e in record.exits:
         if not e["expected"]:
             v.failures.append(f"{e['role']} exited with {e['code']} at {e['t']:.0f} s, not by the schedule")
@@ -184,7 +189,8 @@ def table(record: Record, v: Verdict) -> str:
               f"- epochs trained to their end: {len(v.epochs)}, {sum(e['samples'] for e in v.epochs)} samples; "
               f"trained twice: {twice}; shards read in part: {partial}",
               f"- /dev/shm: the cache's shards peaked at {v.cache_peak / MIB:.2f} MiB against a bound of "
-              f"{v.cache_bound / MIB:.2f} MiB (budget {record.budget / MIB:.2f} MiB plus the downloads in flight), the whole "
+              f"{v.cache_bound / MIB:.2f} MiB (budget {record.budget / MIB:.2f} MiB plus the downloads in flight); evicted "
+              f"shards kept for a reader's epoch at most {v.retained_peak / MIB:.2f} MiB (bound: the budget); the whole "
               f"cache directory (indexes, manifest, leases; in 4 KiB pages) at "
               f"{max((x['cache_bytes'] for x in record.system), default=0) / MIB:.2f} MiB; "
               f"/dev/shm as a whole at most {max((x.get('shm_bytes', 0) for x in record.system), default=0) / MIB:.1f} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -73,12 +74,25 @@ def tree_bytes(path: str) -> int:
     return total
 
 
-def shard_bytes(path: str) -> int:
-    """Bytes of the shards under ``path`` (``.tar`` files and downloads in progress), as the budget counts them:
-    the cache's other files (indexes, the manifest, reader leases) are the rest of ``tree_bytes``."""
+def retained(path: str) -> set[str]:
+    """File names of the evicted shards the cache keeps for a reader's epoch (its manifest's ``retained``)."""
+    try:
+        with open(os.path.join(path, "manifest.json")) as f:
+            return {f"{i}.tar" for i in json.load(f).get("retained", [])}
+    except (OSError, ValueError, AttributeError):
+        return set()
+
+
+def shard_bytes(path: str, kept: bool = False) -> int:
+    """Bytes of the shards under ``path`` (``.tar`` files and downloads in progress), as the budget counts them;
+    with ``kept``, those of the evicted shards kept for a reader's epoch instead (not in the budget). The
+    cache's other files (indexes, the manifest, reader leases) are the rest of ``tree_bytes``."""
     total = 0
+    names = retained(path)
     for root, _, files in os.walk(path):
         for name in files:
+            if (name in names) != kept:
+                continue
             if name.endswith((".tar", ".partial")) or ".partial" in root:
                 try:
                     total += os.lstat(os.path.join(root, name)).st_size

@@ -304,7 +304,8 @@ class Soak:
             if fp is not None:
                 self.record.rows.append({"t": round(now, 2), "role": role, **asdict(fp)})
         self.record.system.append({"t": round(now, 2), "cache_bytes": tree_bytes(self.cache),
-                                   "shard_bytes": shard_bytes(self.cache), "keys": keys,
+                                   "shard_bytes": shard_bytes(self.cache),
+                                   "retained_bytes": shard_bytes(self.cache, kept=True), "keys": keys,
                                    "shm_bytes": shm_used() - self.shm_before})
         if self.on_sample is not None:
             self.on_sample(now, keys)

@@ -19,6 +19,7 @@ between; samples of shards gone since are lost, with a warning naming them.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,6 +182,8 @@ def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], setting
                                     f"remaining sample of the epoch exactly once (in another order)")
     saved = list(plan_state["shards"])
     gone, new = _shard_changes(saved, current_shards)
+    if growing:  # evicted from the cache since, but kept on disk while this reader's lease names it (readers.py)
+        gone = [s for s in gone if not os.path.exists(s)]
     if gone or new:
         what = (f"{len(gone)} of the epoch's {len(saved)} shards are gone ({', '.join(gone[:5])}"
                 f"{', ...' if len(gone) > 5 else ''}): their samples not yet delivered are lost" if gone else "")

@@ -37,8 +37,13 @@ class ShardSource(Protocol):
         """The first snapshot, once it holds ``min_shards`` (or a clear error)."""
         ...
 
-    def epoch_started(self, rank: int, epoch: int, shards: int) -> None:
-        """Told at every epoch start (a cache tells its sampler, which grows it)."""
+    def epoch_started(self, rank: int, epoch: int, shards: Sequence[str]) -> None:
+        """Told at every epoch start, with the epoch's shards (a cache tells its sampler, which grows it and
+        keeps those shards on disk for this reader)."""
+        ...
+
+    def reading(self, rank: int) -> None:
+        """Told as batches go out (a cache renews the reader's lease)."""
         ...
 
     def describe(self) -> str: ...
@@ -82,7 +87,10 @@ class PathSource:
             raise SettingError("shards", f"nothing matches {self.describe()} ({RULES})")
         return shards
 
-    def epoch_started(self, rank: int, epoch: int, shards: int) -> None:
+    def epoch_started(self, rank: int, epoch: int, shards: Sequence[str]) -> None:
+        pass
+
+    def reading(self, rank: int) -> None:
         pass
 
     def describe(self) -> str:
@@ -119,9 +127,13 @@ class MixedSource:
         self.last = [p.wait_for(min_shards, timeout) for p in self.parts]
         return sorted({path for shards in self.last for path in shards})
 
-    def epoch_started(self, rank: int, epoch: int, shards: int) -> None:
-        for part, mine in zip(self.parts, self.last):  # each cache's sampler hears of its own shards
-            part.epoch_started(rank, epoch, len(mine))
+    def epoch_started(self, rank: int, epoch: int, shards: Sequence[str]) -> None:
+        for part in self.parts:  # each cache's sampler hears of its own shards (a cache keeps those under it)
+            part.epoch_started(rank, epoch, shards)
+
+    def reading(self, rank: int) -> None:
+        for part in self.parts:
+            part.reading(rank)
 
     def draw(self, sources: Sequence[Source], *, seed: int, epoch: int, shuffle: bool) -> tuple[list[str], Mixture]:
         """(every source's shards, the epoch's draw from them): the samples per shard from a cache's manifest,
