@@ -97,7 +97,7 @@ class EpochSummary:
         return d
 
 
-KEPT_EPOCHS = 1000  # rows the summary keeps: a run of weeks with small epochs must not grow without bound
+KEPT_EPOCHS = 100  # rows the summary keeps: a run of weeks with small epochs must not grow without bound
 
 
 @dataclass

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-LOG_REQUESTS = 10_000  # requests the store remembers (tests read them)
+LOG_REQUESTS = 1000  # requests the store remembers (tests read them); a store serving for weeks keeps no more
 
 log = logging.getLogger("feedline.store")
 
