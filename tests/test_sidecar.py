@@ -207,6 +207,38 @@ def test_a_trainer_resumed_after_the_sidecar_evicted_its_epochs_shards_trains_ev
     assert sorted(os.listdir(os.path.join(cache, "shards"))) == [".partial", "ids-0003.idx", "ids-0003.tar"]
 
 
+def test_a_resumed_epoch_leases_its_shards_however_the_checkpoint_spelled_the_cache_path(cache, data, tmp_path):
+    link = tmp_path / "link"
+    os.symlink(cache, link)
+    store = published(cache, data, 3, lease=600)
+    with StagingLoader(cache=str(link), batch_size=4, workers=1, spec=SPEC) as loader:
+        next(iter(loader))
+        state = loader.state_dict()  # its plan names link/shards/...
+    store.evict_oldest(3)
+    publish_copy(store, data, 3)
+    with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC) as loader:
+        loader.load_state_dict(state)
+        next(iter(loader))
+        assert leased_ids(cache, 600) == {"ids-0000", "ids-0001", "ids-0002"}
+        assert store.release() == []
+
+
+def test_a_loader_renews_its_lease_as_batches_go_out(cache, data, monkeypatch):
+    import feedline.cache.source as source
+
+    monkeypatch.setattr(source, "TOUCH_EVERY", 0.0)
+    published(cache, data, 2, lease=600)
+    reader = os.path.join(cache, "readers", "0.json")
+    with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC) as loader:
+        it = iter(loader)
+        next(it)
+        old = time.time() - 601
+        os.utime(reader, (old, old))
+        assert leased_ids(cache, 600) == set()
+        next(it)
+        assert leased_ids(cache, 600) == {"ids-0000", "ids-0001"}
+
+
 def test_an_evicted_shard_kept_for_a_reader_is_removed_once_its_lease_goes_stale(cache, data):
     store = published(cache, data, 2, lease=600)
     with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC) as loader:
@@ -479,3 +511,12 @@ def test_a_restarted_sidecar_goes_on_with_the_same_growth_plan(remote, cache, sa
     assert sorted(manifest_ids(cache)) == sorted(expected)  # the seeded plan, not a new draw
     assert read_manifest(cache).generation > generation
     again.stop()
+
+
+def test_a_reader_lease_shorter_than_two_renewals_is_refused_naming_it():
+    from feedline.errors import SettingError
+    from feedline.sampler.settings import SidecarSettings
+
+    with pytest.raises(SettingError, match="reader_lease.*at least 60 s"):
+        SidecarSettings(source="http://store/a.tar", reader_lease=10)
+    assert SidecarSettings(source="http://store/a.tar", reader_lease=0).reader_lease == 0

@@ -51,8 +51,16 @@ class CacheSource:
 
     def epoch_started(self, rank: int, epoch: int, shards: Sequence[str]) -> None:
         """The reader file and its lease: the sampler keeps these shards on disk while the lease is fresh."""
-        prefix = os.path.join(self.cache_dir, SHARDS_DIR) + os.sep
-        ids = [p[len(prefix):-len(".tar")] for p in shards if p.startswith(prefix) and p.endswith(".tar")]
+        mine = os.path.realpath(os.path.join(self.cache_dir, SHARDS_DIR))
+        folders: dict[str, bool] = {}  # a plan from a checkpoint may spell the cache's path another way
+
+        def in_this_cache(path: str) -> bool:
+            d = os.path.dirname(path)
+            if d not in folders:
+                folders[d] = os.path.realpath(d) == mine
+            return folders[d]
+
+        ids = [os.path.basename(p)[: -len(".tar")] for p in shards if p.endswith(".tar") and in_this_cache(p)]
         write_reader(self.cache_dir, rank, epoch, self.generation, ids)
         self._touched = time.monotonic()
 

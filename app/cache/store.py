@@ -149,8 +149,8 @@ class CacheStore:
         """Remove the retained shards no reader's lease names any more; the ids removed."""
         if not self._retained:
             return []
-        leased = self._leased() if self._leased is not None else set()
-        with self._lock:
+        with self._lock:  # the leases read under the lock: an eviction meanwhile may retain for a newer lease
+            leased = self._leased() if self._leased is not None else set()
             done = [i for i in self._retained if i not in leased]
             if not done:
                 return []

@@ -16,11 +16,10 @@ import struct
 import threading
 import time
 import urllib.parse
-from collections import deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-LOG_REQUESTS = 1000  # requests the store remembers (tests read them); a store serving for weeks keeps no more
+LOG_REQUESTS = 1000  # requests the store remembers at least (tests read them), and at most twice as many
 
 log = logging.getLogger("feedline.store")
 
@@ -48,9 +47,10 @@ class FileStore:
         self.root = os.path.abspath(root)
         self.faults: dict[str, Fault] = {}
         self.requests: dict[str, int] = {}
-        # (monotonic time, method, path, status) of the last LOG_REQUESTS requests: a store serving for weeks must
-        # not keep every one
-        self.log: deque[tuple[float, str, str, int]] = deque(maxlen=LOG_REQUESTS)
+        # (monotonic time, method, path, status) of the last LOG_REQUESTS to 2 x LOG_REQUESTS requests: a store
+        # serving for weeks must not keep every one. A list (trimmed in halves), not a deque: tests iterate it
+        # while handler threads append, which a deque refuses
+        self.log: list[tuple[float, str, str, int]] = []
         self.down = 0  # answer every request with this status (an outage) while non-zero
         self.auth: str | None = None  # the Authorization header value every request must carry
         store = self
@@ -84,7 +84,7 @@ class FileStore:
                 if fault is not None and fault.status:
                     return self._status(fault.status, rel, fault.retry_after)
                 size = os.path.getsize(path)
-                store.log.append((time.monotonic(), self.command, rel, 200))
+                store.remember((time.monotonic(), self.command, rel, 200))
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-tar")
                 if fault is not None and fault.chunked:
@@ -136,7 +136,7 @@ class FileStore:
                 self.close_connection = True
 
             def _status(self, code: int, rel: str, retry_after: str = "") -> None:
-                store.log.append((time.monotonic(), self.command, rel, code))
+                store.remember((time.monotonic(), self.command, rel, code))
                 msg = f"{code}\n".encode()
                 self.send_response(code)
                 if retry_after:
@@ -157,6 +157,11 @@ class FileStore:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def remember(self, entry: tuple[float, str, str, int]) -> None:
+        self.log.append(entry)
+        if len(self.log) >= 2 * LOG_REQUESTS:
+            del self.log[:LOG_REQUESTS]  # a reader iterating meanwhile sees a shorter list, never an error
 
     def close(self) -> None:
         self._server.shutdown()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..cache.readers import TOUCH_EVERY
 from ..errors import SettingError
 
 DEFAULT_CACHE = "/dev/shm/feedline"
@@ -57,6 +58,10 @@ class SidecarSettings:
                     high is not None and value > high):
                 allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
                 raise SettingError(name, f"must be a number {allowed}, got {value!r}")
+        if 0 < self.reader_lease < 2 * TOUCH_EVERY:
+            raise SettingError("reader_lease", f"{self.reader_lease:g} s is shorter than two of a loader's lease "
+                                               f"renewals ({TOUCH_EVERY:g} s apart): set 0 (off) or at least "
+                                               f"{2 * TOUCH_EVERY:g} s")
         if self.policy not in POLICIES:
             raise SettingError("policy", f"must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.auth_header_file and not os.path.isfile(self.auth_header_file):
