@@ -2,8 +2,10 @@
 
 A path with ``{epoch}`` in it gets one file per epoch (``keys/epoch-{epoch}.txt``), so an audit can check
 each epoch on its own — every sample exactly once — across SIGTERMs and resumes (``feedline soak`` does);
-a plain path gets every key in one file. Files are appended to line by line, and flushed with each
-checkpoint, so a resumed run's trace goes on where the checkpoint left it.
+a plain path gets every key in one file. Files are appended to line by line and flushed with each
+checkpoint, whose meta records where the trace stood (``position()``); a resumed run cuts the trace back
+there (``rewind()``), so the steps a crash lost (trained after the last checkpoint, then trained again
+from it) are in the trace once, as they are in the model.
 """
 
 from __future__ import annotations
@@ -38,6 +40,33 @@ class KeyTrace:
     def flush(self) -> None:
         if self._file is not None:
             self._file.flush()
+
+    def position(self) -> dict[str, int] | None:
+        """Where the trace stands (the open file's epoch and size), for a checkpoint's meta; None before any key."""
+        if self._file is None or self._epoch is None:
+            return None
+        self._file.flush()
+        return {"epoch": self._epoch, "bytes": self._file.tell()}
+
+    def rewind(self, position: dict[str, int] | None) -> None:
+        """Cut the trace back to a checkpoint's ``position()``: later epochs' files go, the epoch's file is truncated.
+
+        A checkpoint saved before the first key (None) leaves the trace as it is: there is nothing it could
+        know was written after it.
+        """
+        if position is None:
+            return
+        self.close()
+        epoch, size = int(position["epoch"]), int(position["bytes"])
+        path = self.file_of(epoch)
+        if "{epoch}" in self.path:
+            later = epoch + 1
+            while os.path.exists(self.file_of(later)):
+                os.remove(self.file_of(later))
+                later += 1
+        if os.path.exists(path) and os.path.getsize(path) > size:
+            with open(path, "r+b") as f:
+                f.truncate(size)
 
     def close(self) -> None:
         if self._file is not None:

@@ -174,17 +174,17 @@ def train(cfg: Config, loader: StagingLoader,
     checkpoints = CheckpointDir(cfg.checkpoint) if cfg.checkpoint else None
     step = 0
     if checkpoints is not None and cfg.resume:
-        step = _resume(checkpoints, net, opt, loader, job)
+        step = _resume(checkpoints, net, opt, loader, job, trace_keys)
 
     def save() -> None:
         state = loader.state_dict()  # every rank takes part (under DDP it gathers every rank's); rank 0 writes
         states = [state] if state.get("format") == RANKS_FORMAT else gather_json(job, state)
         randoms = gather_json(job, random_states())
+        traces = gather_json(job, trace_keys.position() if trace_keys is not None else None)
         if checkpoints is not None and job.leader:
-            if trace_keys is not None:
-                trace_keys.flush()
             checkpoints.save(step, net.state_dict(), opt.state_dict(), {"ranks": states},
-                             {"epoch": loader.epoch, "epochs": cfg.epochs, "world": job.world}, randoms)
+                             {"epoch": loader.epoch, "epochs": cfg.epochs, "world": job.world, "traces": traces},
+                             randoms)
         barrier(job)
 
     for epoch in range(loader.next_epoch, cfg.epochs):
@@ -260,8 +260,11 @@ def train(cfg: Config, loader: StagingLoader,
 
 
 def _resume(checkpoints: CheckpointDir, net: nn.Module, opt: torch.optim.Optimizer, loader: StagingLoader,
-            job: Job) -> int:
-    """Load the newest complete checkpoint into the model, optimizer and loader; its step (0: none yet)."""
+            job: Job, trace_keys: KeyTrace | None = None) -> int:
+    """Load the newest complete checkpoint into the model, optimizer and loader; its step (0: none yet).
+
+    The key trace is cut back to where the checkpoint left it: what a crash lost is trained again.
+    """
     found = checkpoints.latest()
     if found is None:
         log.info("no checkpoint in %s yet: starting from the beginning", checkpoints.directory)
@@ -278,6 +281,9 @@ def _resume(checkpoints: CheckpointDir, net: nn.Module, opt: torch.optim.Optimiz
         log.info("the checkpoint has %d rank(s), this job %d: resuming the loader elastically", len(states),
                  job.world)
         loader.load_state_dict(states, elastic=True)
+    traces = found.meta.get("traces") or []
+    if trace_keys is not None and len(traces) == job.world:
+        trace_keys.rewind(traces[job.rank])
     log.info("resuming from %s: step %d, epoch %d", found.path, found.step, loader.next_epoch)
     return found.step
 

@@ -271,6 +271,45 @@ def test_sigterm_checkpoints_and_resume_trains_every_sample_exactly_once(tmp_pat
     assert sorted(everything) == sorted(f"k{k}{i:03d}" for k in range(4) for i in range(30))  # once each
 
 
+def test_a_sigkill_between_checkpoints_resumes_with_every_sample_in_the_trace_once(tmp_path, jpegs):
+    # the steps after the last checkpoint are lost with the process and trained again: the trace, cut back to
+    # the checkpoint on resume, holds them once, as the model does
+    ckpt, keys = str(tmp_path / "ckpt"), str(tmp_path / "keys.txt")
+    proc = subprocess.Popen(_train(jpegs, ckpt, keys, "--step-ms", "100", "--checkpoint-every", "4"), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while (not os.path.exists(keys) or len(open(keys).read().split()) < 30) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    while len(open(keys).read().split()) % 16 == 0:  # not just after a checkpoint: something for the resume to cut
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait(timeout=30)
+    before = open(keys).read().split()
+    assert 30 <= len(before) < 120 and len(set(before)) == len(before)
+    resumed = subprocess.run(_train(jpegs, ckpt, keys, "--resume"), cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from" in resumed.stderr
+    everything = open(keys).read().split()
+    assert sorted(everything) == sorted(f"k{k}{i:03d}" for k in range(4) for i in range(30))  # once each
+
+
+def test_a_trace_rewound_to_a_position_drops_what_came_after_it(tmp_path):
+    from feedline.keytrace import KeyTrace
+
+    path = str(tmp_path / "keys" / "epoch-{epoch}.txt")
+    with KeyTrace(path) as trace:
+        trace.write(0, ["a", "b"])
+        saved = trace.position()
+        trace.write(0, ["c"])
+        trace.write(1, ["d"])
+    with KeyTrace(path) as again:
+        again.rewind(saved)
+        again.write(0, ["c2"])
+    assert open(path.format(epoch=0)).read().split() == ["a", "b", "c2"]
+    assert not os.path.exists(path.format(epoch=1))
+
+
 def test_a_save_killed_midway_leaves_the_previous_checkpoint_in_use(tmp_path, jpegs):
     ckpt, keys = str(tmp_path / "ckpt"), str(tmp_path / "keys.txt")
     first = subprocess.run(_train(jpegs, ckpt, keys, "--max-steps", "5"), cwd=ROOT, capture_output=True,
