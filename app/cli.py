@@ -38,8 +38,19 @@ console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]",
-                        handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)])
+    """Rich's columns for a person at a terminal; plain lines for a file, a pipe or `docker logs`.
+
+    A log that is not a terminal is read by tools and by grep: one record per line, never wrapped. And a
+    process that runs for weeks should not render through Rich, whose per-string render caches grew by
+    ~25 KB a minute in the sidecar and the trainer of a soak run (docs/reliability.md).
+    """
+    if sys.stderr.isatty():
+        handler: logging.Handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
+        logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]", handlers=[handler])
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)-8s %(message)s", datefmt="%H:%M:%S"))
+        logging.basicConfig(level=level, handlers=[handler])
 
 
 # -- train --------------------------------------------------------------------------------------
