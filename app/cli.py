@@ -225,7 +225,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         index = make_demo_store(args.root, args.demo_samples, parse_size(args.shard_size), args.cache_dir)
         log.info("demo dataset: %s lists its shards", index)
-    with FileStore(args.root, args.host, args.port) as store:
+    # a process of its own: nobody can read its request log, so it keeps none (the soak run measures its memory)
+    with FileStore(args.root, args.host, args.port, remember=False) as store:
         log.info("serving %s at %s", args.root, store.url)
         print(store.url, flush=True)
         done.wait()

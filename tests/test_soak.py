@@ -62,6 +62,40 @@ def test_a_restart_is_not_growth_and_a_kill_is_not_a_fall(tmp_path):
     assert abs(v.slopes["trainer"]["rss"]) < 0.01
 
 
+def worker_lives(anon_per_hour, lives=6, minutes=30):
+    """Workers killed every few minutes whose mapped cache pages (RSS, fds) swing up within each life."""
+    out, span = [], minutes * 60 // lives
+    for k in range(lives):
+        for t in range(k * span, (k + 1) * span, 10):
+            r = row(t, 100 + k, 40 * MiB + (t - k * span) * 8 * MiB // span, role="worker",
+                    fds=14 + (t - k * span) * 8 // span)
+            r["anon"] = 20 * MiB + t * anon_per_hour * MiB // 3600
+            out.append(r)
+    return out
+
+
+def test_workers_mapping_cache_pages_within_short_lives_are_judged_by_their_private_memory(tmp_path):
+    rows = [row(t, 1, 200 * MiB) for t in range(0, 1801, 10)] + worker_lives(anon_per_hour=0)
+    v = judge(record(rows), one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+    assert v.slopes["worker"]["rss"] > 10 and v.slopes["worker"]["fds"] > 10  # within each life: up
+    assert v.ok, v.failures
+
+
+def test_a_worker_whose_private_memory_grows_misses_the_target(tmp_path):
+    rows = [row(t, 1, 200 * MiB) for t in range(0, 1801, 10)] + worker_lives(anon_per_hour=2)
+    v = judge(record(rows), one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+    assert any(f.startswith("worker: private memory grows 2.0") for f in v.failures), v.failures
+
+
+def test_workers_holding_more_descriptors_at_the_end_than_after_the_warm_up_miss_the_target(tmp_path):
+    workers = worker_lives(anon_per_hour=0)
+    for r in workers:
+        r["fds"] += int(r["t"]) // 300  # each life starts a little higher: a descriptor leaked per life
+    v = judge(record([row(t, 1, 200 * MiB) for t in range(0, 1801, 10)] + workers),
+              one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+    assert any(f.startswith("worker: open descriptors reach") for f in v.failures), v.failures
+
+
 def test_a_sample_trained_twice_in_an_epoch_fails_the_run(tmp_path):
     rows = [row(t, 1, 200 * MiB) for t in range(0, 1801, 10)]
     v = judge(record(rows), one_epoch(tmp_path, ["a", "b", "a"]), warmup=60, process_warmup=0)

@@ -209,3 +209,17 @@ def test_http_proxy_and_no_proxy_are_honoured(remote, cache, samplers, data, no_
         proxy.close()
     gets = [u for u in proxy.forwarded if u.endswith(".tar")]
     assert (len(gets) >= N_SHARDS) if through else gets == []
+
+
+def test_the_store_run_as_its_own_process_keeps_no_request_log(tmp_path):
+    # `feedline serve` serves for as long as a soak or a demo runs, and nobody can read its log
+    from feedline.demo.store import FileStore
+
+    (tmp_path / "a.tar").write_bytes(b"x" * 1024)
+    with FileStore(str(tmp_path), remember=False) as quiet, FileStore(str(tmp_path)) as kept:
+        for store in (quiet, kept):
+            for _ in range(3):
+                with urllib.request.urlopen(f"{store.url}/a.tar") as r:
+                    assert r.read() == b"x" * 1024
+        assert quiet.log == [] and quiet.requests["a.tar"] == 3
+        assert [entry[1:] for entry in kept.log] == [("GET", "a.tar", 200)] * 3

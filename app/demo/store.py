@@ -43,8 +43,10 @@ class Fault:
 class FileStore:
     """Serves ``root`` on ``host:port`` (0: a free port) until ``close()``."""
 
-    def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, remember: bool = True):
         self.root = os.path.abspath(root)
+        # `feedline serve` runs it as a process of its own, whose log nobody can read: it keeps none
+        self.remembers = remember
         self.faults: dict[str, Fault] = {}
         self.requests: dict[str, int] = {}
         # (monotonic time, method, path, status) of the last LOG_REQUESTS to 2 x LOG_REQUESTS requests: a store
@@ -159,6 +161,8 @@ class FileStore:
         return f"http://{self.host}:{self.port}"
 
     def remember(self, entry: tuple[float, str, str, int]) -> None:
+        if not self.remembers:
+            return
         self.log.append(entry)
         if len(self.log) >= 2 * LOG_REQUESTS:
             del self.log[:LOG_REQUESTS]  # a reader iterating meanwhile sees a shorter list, never an error
