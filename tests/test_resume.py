@@ -250,6 +250,16 @@ def jpegs(tmp_path):
     return str(d / "*.tar")
 
 
+def _resume_trains_every_sample_once(jpegs, ckpt, keys):
+    """`--resume` to the epoch's end: the trace then holds every sample of the epoch exactly once."""
+    resumed = subprocess.run(_train(jpegs, ckpt, keys, "--resume"), cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from" in resumed.stderr
+    everything = open(keys).read().split()
+    assert sorted(everything) == sorted(f"k{k}{i:03d}" for k in range(4) for i in range(30))  # once each
+
+
 def test_sigterm_checkpoints_and_resume_trains_every_sample_exactly_once(tmp_path, jpegs):
     ckpt, keys = str(tmp_path / "ckpt"), str(tmp_path / "keys.txt")
     proc = subprocess.Popen(_train(jpegs, ckpt, keys, "--step-ms", "100"), cwd=ROOT, stdout=subprocess.PIPE,
@@ -263,12 +273,7 @@ def test_sigterm_checkpoints_and_resume_trains_every_sample_exactly_once(tmp_pat
     assert "stopping at step" in out
     trained = open(keys).read().split()
     assert 20 <= len(trained) < 120
-    resumed = subprocess.run(_train(jpegs, ckpt, keys, "--resume"), cwd=ROOT, capture_output=True, text=True,
-                             timeout=120)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resuming from" in resumed.stderr
-    everything = open(keys).read().split()
-    assert sorted(everything) == sorted(f"k{k}{i:03d}" for k in range(4) for i in range(30))  # once each
+    _resume_trains_every_sample_once(jpegs, ckpt, keys)
 
 
 def test_a_sigkill_between_checkpoints_resumes_with_every_sample_in_the_trace_once(tmp_path, jpegs):
@@ -286,12 +291,7 @@ def test_a_sigkill_between_checkpoints_resumes_with_every_sample_in_the_trace_on
     proc.wait(timeout=30)
     before = open(keys).read().split()
     assert 30 <= len(before) < 120 and len(set(before)) == len(before)
-    resumed = subprocess.run(_train(jpegs, ckpt, keys, "--resume"), cwd=ROOT, capture_output=True, text=True,
-                             timeout=120)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resuming from" in resumed.stderr
-    everything = open(keys).read().split()
-    assert sorted(everything) == sorted(f"k{k}{i:03d}" for k in range(4) for i in range(30))  # once each
+    _resume_trains_every_sample_once(jpegs, ckpt, keys)
 
 
 def test_a_trace_rewound_to_a_position_drops_what_came_after_it(tmp_path):
