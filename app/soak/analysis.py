@@ -74,11 +74,17 @@ def _slope(lives: dict[int, list[tuple[float, float]]]) -> tuple[float, int]:
     return (sxy / sxx if sxx > 0 else 0.0), n
 
 
+def _first_seen(record: Record) -> dict[int, float]:
+    """When each process (pid) was first sampled: its life's start, which warm-ups count from."""
+    first: dict[int, float] = {}
+    for row in record.rows:
+        first.setdefault(row["pid"], row["t"])
+    return first
+
+
 def slopes(record: Record, warmup: float, process_warmup: float) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
     """Role -> {rss, pss, anon (MiB per hour), fds, threads (per hour)}, and the points each role's fit used."""
-    first_seen: dict[int, float] = {}
-    for row in record.rows:
-        first_seen.setdefault(row["pid"], row["t"])
+    first_seen = _first_seen(record)
     out: dict[str, dict[str, float]] = {}
     used: dict[str, int] = {}
     for role in ROLES:
@@ -101,9 +107,7 @@ def slopes(record: Record, warmup: float, process_warmup: float) -> tuple[dict[s
 def _window_peaks(record: Record, role: str, measure: str, warmup: float, process_warmup: float,
                   window: float) -> tuple[float, float]:
     """The role's most of ``measure`` (every process of it) in the first window after the warm-up, and in the last."""
-    first_seen: dict[int, float] = {}
-    for r in record.rows:
-        first_seen.setdefault(r["pid"], r["t"])
+    first_seen = _first_seen(record)
     rows = [r for r in record.rows if r["role"] == role and r["t"] - first_seen[r["pid"]] >= process_warmup]
     end = max((r["t"] for r in rows), default=0.0)
     first = max((r[measure] for r in rows if warmup <= r["t"] <= warmup + window), default=0)
