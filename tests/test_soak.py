@@ -21,7 +21,7 @@ MiB = 1 << 20
 
 def record(rows, keys_per_second=100.0, minutes=30.0):
     r = Record(settings={"fetch_threads": 2, "minutes": minutes, "interval": 10, "warmup": 60,
-                         "process_warmup": 0}, budget=100 * MiB, largest_shard=MiB,
+                         "worker_warmup": 0}, budget=100 * MiB, largest_shard=MiB,
                shard_of={"a": "s0.tar", "b": "s0.tar"}, shard_samples={"s0.tar": 2})
     r.rows = rows
     r.system = [{"t": float(t), "cache_bytes": 50 * MiB, "keys": int(t * keys_per_second)}
@@ -50,16 +50,36 @@ def test_every_kind_of_fault_happens_even_in_a_three_minute_run():
 
 def test_a_process_whose_memory_grows_two_mib_an_hour_misses_the_target(tmp_path):
     rows = [row(t, 1, 200 * MiB + t * 2 * MiB // 3600) for t in range(0, 1801, 10)]
-    v = judge(record(rows), one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+    v = judge(record(rows), one_epoch(tmp_path, ["a", "b"]), warmup=60, worker_warmup=0)
     assert any(f.startswith("trainer: RSS grows 2.0") for f in v.failures), v.failures
 
 
 def test_a_restart_is_not_growth_and_a_kill_is_not_a_fall(tmp_path):
     # two lives, each flat; the second starts 300 MiB higher (a restarted trainer loads more), then is killed
     rows = [row(t, 1, 200 * MiB) for t in range(0, 901, 10)] + [row(t, 2, 500 * MiB) for t in range(910, 1801, 10)]
-    v = judge(record(rows), one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+    v = judge(record(rows), one_epoch(tmp_path, ["a", "b"]), warmup=60, worker_warmup=0)
     assert v.ok, v.failures
     assert abs(v.slopes["trainer"]["rss"]) < 0.01
+
+
+def warming_lives(start_of_second_life, warm_for=300, then_per_hour=0.5):
+    """Two trainer lives, each growing 3 MiB in its first ``warm_for`` seconds, then at ``then_per_hour``."""
+    def life(pid, t0, t1):
+        return [row(t, pid, 200 * MiB + min(t - t0, warm_for) * 3 * MiB // warm_for
+                    + int(max(0, t - t0 - warm_for) * then_per_hour * MiB / 3600)) for t in range(t0, t1, 10)]
+    return life(1, 0, start_of_second_life) + life(2, start_of_second_life, 3601)
+
+
+def test_a_restarted_process_warms_up_as_the_first_did_before_its_slope_counts(tmp_path):
+    v = judge(record(warming_lives(1200), minutes=60), one_epoch(tmp_path, ["a", "b"]), warmup=600, worker_warmup=60)
+    assert v.ok, v.failures
+    assert 0.3 < v.slopes["trainer"]["rss"] < 0.7  # the growth after each life's warm-up, not the warm-up
+
+
+def test_a_restarted_process_still_growing_after_its_warm_up_misses_the_target(tmp_path):
+    v = judge(record(warming_lives(1200, then_per_hour=2.0), minutes=60), one_epoch(tmp_path, ["a", "b"]),
+              warmup=600, worker_warmup=60)
+    assert any(f.startswith("trainer: RSS grows 2.0") for f in v.failures), v.failures
 
 
 def worker_lives(anon_per_hour, lives=6, minutes=30):
@@ -76,14 +96,14 @@ def worker_lives(anon_per_hour, lives=6, minutes=30):
 
 def test_workers_mapping_cache_pages_within_short_lives_are_judged_by_their_private_memory(tmp_path):
     rows = [row(t, 1, 200 * MiB) for t in range(0, 1801, 10)] + worker_lives(anon_per_hour=0)
-    v = judge(record(rows), one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+    v = judge(record(rows), one_epoch(tmp_path, ["a", "b"]), warmup=60, worker_warmup=0)
     assert v.slopes["worker"]["rss"] > 10 and v.slopes["worker"]["fds"] > 10  # within each life: up
     assert v.ok, v.failures
 
 
 def test_a_worker_whose_private_memory_grows_misses_the_target(tmp_path):
     rows = [row(t, 1, 200 * MiB) for t in range(0, 1801, 10)] + worker_lives(anon_per_hour=2)
-    v = judge(record(rows), one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+    v = judge(record(rows), one_epoch(tmp_path, ["a", "b"]), warmup=60, worker_warmup=0)
     assert any(f.startswith("worker: private memory grows 2.0") for f in v.failures), v.failures
 
 
@@ -92,27 +112,27 @@ def test_workers_holding_more_descriptors_at_the_end_than_after_the_warm_up_miss
     for r in workers:
         r["fds"] += int(r["t"]) // 300  # each life starts a little higher: a descriptor leaked per life
     v = judge(record([row(t, 1, 200 * MiB) for t in range(0, 1801, 10)] + workers),
-              one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+              one_epoch(tmp_path, ["a", "b"]), warmup=60, worker_warmup=0)
     assert any(f.startswith("worker: open descriptors reach") for f in v.failures), v.failures
 
 
 def test_a_sample_trained_twice_in_an_epoch_fails_the_run(tmp_path):
     rows = [row(t, 1, 200 * MiB) for t in range(0, 1801, 10)]
-    v = judge(record(rows), one_epoch(tmp_path, ["a", "b", "a"]), warmup=60, process_warmup=0)
+    v = judge(record(rows), one_epoch(tmp_path, ["a", "b", "a"]), warmup=60, worker_warmup=0)
     assert "epoch 0: 1 sample(s) trained twice" in " ".join(v.failures)
 
 
 def test_evicted_shards_kept_for_readers_beyond_one_epochs_worth_fail_the_run(tmp_path):
     r = record([row(t, 1, 200 * MiB) for t in range(0, 1801, 10)])
     r.system[50]["retained_bytes"] = 101 * MiB  # an epoch reads at most what the cache held: the budget, 100 MiB
-    v = judge(r, one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+    v = judge(r, one_epoch(tmp_path, ["a", "b"]), warmup=60, worker_warmup=0)
     assert any(f.startswith("/dev/shm: evicted shards kept for readers took") for f in v.failures), v.failures
 
 
 def test_a_cache_over_its_budget_and_the_downloads_in_flight_fails_the_run(tmp_path):
     r = record([row(t, 1, 200 * MiB) for t in range(0, 1801, 10)])
     r.system[50]["cache_bytes"] = 103 * MiB  # budget 100 MiB, two fetch threads of 1 MiB shards: 102 MiB
-    v = judge(r, one_epoch(tmp_path, ["a", "b"]), warmup=60, process_warmup=0)
+    v = judge(r, one_epoch(tmp_path, ["a", "b"]), warmup=60, worker_warmup=0)
     assert any(f.startswith("/dev/shm: the cache's shards took") for f in v.failures), v.failures
 
 
@@ -120,7 +140,7 @@ def test_three_minutes_under_every_fault_meet_the_targets_and_leave_nothing(tmp_
     out = tmp_path / "soak"
     before = set(os.listdir("/dev/shm"))
     done = subprocess.run([sys.executable, "-m", "feedline", "soak", "--minutes", "3", "--interval", "2",
-                           "--warmup", "30", "--process-warmup", "10", "--window", "40",
+                           "--warmup", "30", "--worker-warmup", "10", "--window", "40",
                            "--rss-target", "600", "--fds-target", "1000", "--throughput-target", "0.8",
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -22,9 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=float, default=d.minutes, help="how long the appliance runs (default 60)")
     p.add_argument("--interval", type=float, default=d.interval, help="seconds between samples of every process")
     p.add_argument("--warmup", type=float, default=d.warmup,
-                   help="seconds after the start that the slopes leave out (default 600)")
-    p.add_argument("--process-warmup", type=float, default=d.process_warmup,
-                   help="seconds after each process (re)start that the slopes leave out")
+                   help="seconds after the start, and after each restart of a process, that the slopes leave out "
+                        "(default 600)")
+    p.add_argument("--worker-warmup", type=float, default=d.worker_warmup,
+                   help="seconds after a decode worker's (re)start that its slope leaves out (default 60: workers "
+                        "live minutes)")
     p.add_argument("--worker-every", type=float, default=d.worker_every,
                    help="a decode worker is SIGKILLed this often, in seconds (at most a twelfth of the run)")
     p.add_argument("--store-down", type=float, default=d.store_down, help="seconds the store is down, once")
@@ -62,7 +64,7 @@ def _code_version() -> str:
 def run(args: argparse.Namespace) -> int:
     """0 when every target was met, 1 when one was not (the table says which)."""
     settings = SoakSettings(minutes=args.minutes, interval=args.interval, warmup=args.warmup,
-                            process_warmup=args.process_warmup, worker_every=args.worker_every,
+                            worker_warmup=args.worker_warmup, worker_every=args.worker_every,
                             store_down=args.store_down, workers=args.workers, cached_shards=args.cached_shards,
                             step_ms=args.step_ms, out=args.out)
     targets = Targets(rss_mib_per_hour=args.rss_target, fds_per_hour=args.fds_target,
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     with Soak(settings) as soak:
         soak.record.settings["code"] = _code_version()
         record = soak.run()
-    verdict = judge(record, soak.keys_dir, settings.warmup, settings.process_warmup, targets)
+    verdict = judge(record, soak.keys_dir, settings.warmup, settings.worker_warmup, targets)
     text = table(record, verdict)
     with open(os.path.join(settings.out, "soak.md"), "w") as f:
         f.write(text)

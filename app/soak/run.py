@@ -40,7 +40,7 @@ class SoakSettings:
     minutes: float = 60.0
     interval: float = 10.0  # seconds between samples
     warmup: float = 600.0  # seconds after the start that the slopes leave out
-    process_warmup: float = 60.0  # seconds after each process (re)start that the slopes leave out
+    worker_warmup: float = 60.0  # seconds after a decode worker's (re)start that its slope leaves out
     worker_every: float = 300.0  # a decode worker is SIGKILLed this often
     store_down: float = 30.0  # seconds the store is down, once
     shards: int = 40
