@@ -33,7 +33,7 @@ COPY wheels/ /wheels/
 RUN if [ -n "$TORCH_SPEC" ] && ! python -c "import torch" 2>/dev/null; then \
       pip install --no-cache-dir --find-links /wheels "$TORCH_SPEC"; fi \
  && python -c "import torch; print('torch', torch.__version__)"
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml setup.py README.md /src/
 COPY app /src/app
 COPY deploy/image/install-feedline /usr/local/bin/
 # The project asks for torch>=2.4 (a range the base satisfies); the install keeps the base's torch as
@@ -65,7 +65,8 @@ RUN pip uninstall -y pillow >/dev/null 2>&1 || true \
  && python -c "import PIL, PIL.features as f; \
 assert '.post' in PIL.__version__, PIL.__version__; \
 assert f.check_feature('libjpeg_turbo'), 'no libjpeg-turbo'; \
-print('pillow-simd', PIL.__version__, 'with libjpeg-turbo')"
+print('pillow-simd', PIL.__version__, 'with libjpeg-turbo')" \
+ && python -c "from feedline.formats import fastjpeg; ok, why = fastjpeg.status(); assert ok, why; print(why)"
 COPY deploy/prometheus /opt/feedline/deploy/prometheus
 # The demo dataset's sample photos (compose --profile demo), so the demo store needs no network.
 ARG DEMO_PHOTOS=1

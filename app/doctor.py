@@ -10,11 +10,20 @@ from rich.console import Console
 from rich.table import Table
 
 from .config import Config
+from .formats import fastjpeg
 from .loader.layout.side import KEY_ONLY_SIDE_BYTES
 from .loader.settings import default_ring_slots
 from .loader.tune.autotune import resolved
-from .preflight import check_docker, check_gpu, check_memory_for, check_pillow_simd, check_shm, fmt_bytes
+from .preflight import Check, check_docker, check_gpu, check_memory_for, check_pillow_simd, check_shm, fmt_bytes
 from .sampler.settings import DEFAULT_CACHE
+
+
+def _check_crop_decoder() -> Check:
+    """RandomResizedCrop's JPEG crop decoder (an optimisation: without it Pillow decodes the whole JPEG)."""
+    built, detail = fastjpeg.status()
+    return Check("JPEG crop decoder", True if built else False, detail,
+                 "" if built else "install libjpeg62-turbo-dev (Debian; libjpeg-turbo8-dev on Ubuntu) and a C "
+                 "compiler, then ./scripts/setup (or pip install --force-reinstall --no-deps .)")
 
 
 def run(cfg: Config, console: Console) -> int:
@@ -33,6 +42,7 @@ def run(cfg: Config, console: Console) -> int:
         check_memory_for(f"the trainer's batch ring ({slots} slots of {cfg.batch_size} demo samples)", ring),
         check_gpu(),
         check_pillow_simd(),
+        _check_crop_decoder(),
         *check_docker(cfg.budget),
     ]
     table = Table(title="feedline doctor")

@@ -26,9 +26,10 @@ def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
     assert all(row["samples_per_s"] > 0 for rows in doc["workloads"].values() for row in rows.values())
     assert set(doc["workloads"]["captioned"]) == {"feedline (zero-copy)", "feedline (copy)", "webdataset + DataLoader",
                                                   "DataLoader + hand-written collate"}
-    assert len(doc["targets"]) == 14  # every target but the distributed row
+    assert len(doc["targets"]) == 15  # every target but the distributed row
     assert jpeg["feedline (two-source mix)"]["samples_per_s"] > 0  # the mixture's row (issue 25)
     assert any(t["target"].startswith("JPEG: a two-source mixture") for t in doc["targets"])
+    assert jpeg["1 core, crop decoder"]["crop_decoder"] and not jpeg["1 core, draft"]["crop_decoder"]  # issue 35
     scaling = doc["scaling"]
     assert scaling["workers"][0] == 1 and all(f"{w} workers" in scaling["rows"] for w in scaling["workers"])
     assert doc["settings"]["quick"] and doc["settings"]["rounds"] == 1

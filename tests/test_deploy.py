@@ -288,9 +288,11 @@ def test_doctor_names_shm_size_and_sizelimit_when_the_budget_does_not_fit(small_
 def test_doctor_passes_a_budget_that_fits(small_tmpfs):
     out = subprocess.run([sys.executable, "-m", "feedline", "doctor", "--cache", str(small_tmpfs / "feedline"),
                           "--budget", "16MiB", "--fetch-threads", "1", "--batch-size", "8"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert "FAIL" not in out.stdout + out.stderr
     assert out.returncode == 0
+    row = next(line for line in out.stderr.splitlines() if "JPEG crop decoder" in line)  # issue 35: built here
+    assert " ok " in row and "libjpeg-turbo" in row, row
 
 
 def test_the_sampler_refuses_to_start_into_a_bus_error(small_tmpfs, tmp_path):

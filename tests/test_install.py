@@ -51,9 +51,9 @@ def installed(tmp_path_factory):
     base = tmp_path_factory.mktemp("install")
     src = base / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(os.path.join(ROOT, name), src / name)
-    shutil.copytree(os.path.join(ROOT, "app"), src / "app", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(ROOT, "app"), src / "app", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_", "VIRTUAL_ENV"))}
     env |= {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(base / "dist"),
@@ -83,6 +83,7 @@ def test_the_wheel_holds_feedline_and_its_metadata_and_nothing_named_app(install
     tops = {n.split("/")[0] for n in names}
     assert tops == {"feedline", f"feedline-{VERSION}.dist-info"}
     assert "feedline/loader/workers/worker.py" in names and "feedline/__main__.py" in names
+    assert any(n.startswith("feedline/formats/_jpegcrop.") and n.endswith(".so") for n in names), names  # compiled
 
 
 def test_the_fresh_venv_has_feedline_and_no_app_and_its_requirements_are_met(installed):

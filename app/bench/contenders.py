@@ -208,24 +208,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def single_core_rate(args: argparse.Namespace) -> dict[str, Any]:
-    """Decode + random-resized-crop rate of one core, in this process, with the PIL on the path."""
+    """Decode + random-resized-crop rate of one core, in this process, with the PIL on the path: Pillow's
+    (``crop``, draft or not) or, with ``--crop-decoder``, the transform as the workers run it (the box's part
+    decoded by ``_jpegcrop``). The same seed: every variant crops the same boxes."""
+    import random
+
     import PIL
     from PIL import Image
+
+    from ..formats import fastjpeg
+    from ..formats.images import decode_image
 
     blobs = []  # every image of the dataset, as the loaders see them
     for path in sorted(glob.glob(args.shards)):
         blobs.extend(s["jpg"] for s in _tar_samples(path))
-    rrc = RandomResizedCrop(args.image_size, draft=not args.no_draft)
+    rrc = RandomResizedCrop(args.image_size, draft=not args.no_draft, fields=["jpg"])
+    if args.crop_decoder and not fastjpeg.available():
+        raise SystemExit(f"--crop-decoder: {fastjpeg.status()[1]}")
+    random.seed(0)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < args.seconds:
         for b in blobs:
-            np.asarray(rrc.crop(Image.open(io.BytesIO(b))))
+            if args.crop_decoder:
+                np.asarray(rrc({"jpg": decode_image(memoryview(b))})["jpg"])
+            else:
+                np.asarray(rrc.crop(Image.open(io.BytesIO(b))))
             n += 1
             if n % 64 == 0 and time.perf_counter() - t0 >= args.seconds:
                 break
     wall = time.perf_counter() - t0
     return {"loader": "single-core", "workload": "jpeg", "samples_per_s": n / wall, "pil": PIL.__version__,
-            "draft": not args.no_draft}
+            "draft": not args.no_draft, "crop_decoder": bool(args.crop_decoder)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -242,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup-batches", type=int, default=4)
     p.add_argument("--zero-copy", action="store_true")
     p.add_argument("--no-draft", action="store_true")
+    p.add_argument("--crop-decoder", action="store_true", help="single-core: the transform's crop decoder")
     p.add_argument("--device-decode", action="store_true", help="feedline, jpeg: decode where the batch lands")
     p.add_argument("--cache", default="", help="feedline: read a sampler's cache instead of --shards")
     p.add_argument("--mix", action="store_true", help="feedline: the shards as a two-source mixture")

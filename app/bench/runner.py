@@ -212,6 +212,7 @@ def _contenders(workload: str, shards: str, args: argparse.Namespace) -> list[Co
                        c("DataLoader + pillow-simd", "dataloader"),
                        c("webdataset + DataLoader (stock Pillow)", "webdataset", stock=True),
                        c("1 core, draft", "single-core", seconds=single),
+                       c("1 core, crop decoder", "single-core", "--crop-decoder", seconds=single),
                        c("1 core, stock Pillow, no draft", "single-core", "--no-draft", stock=True, seconds=single)]
 
 
@@ -228,8 +229,9 @@ def _scaling_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]
         return Contender(f"{w} workers", lambda t: _contender("feedline", "jpeg", shards, args, "--zero-copy",
                                                               "--workers", str(w), seconds=t))
 
-    single = Contender("1 core, draft", lambda t: _contender("single-core", "jpeg", shards, args, seconds=t),
-                       min(args.seconds, 5.0))
+    single = Contender("1 core, crop decoder", lambda t: _contender("single-core", "jpeg", shards, args,
+                                                                    "--crop-decoder", seconds=t),
+                       min(args.seconds, 5.0))  # what each worker runs
     try:
         rows = interleaved([feedline(w) for w in counts] + [single], args.rounds, args.seconds, args.warmup,
                            _at_once(args))

@@ -7,11 +7,13 @@ for a reduced-size decode (JPEG draft mode) before any pixel is decoded.
 
 from __future__ import annotations
 
+import io
 import math
 import random
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from . import fastjpeg
 from .decoders import IMAGE_EXTENSIONS, format_of
 
 
@@ -50,8 +52,13 @@ def _image_fields(sample: dict[str, Any], fields: Sequence[str] | None) -> list[
 class RandomResizedCrop:
     """Inception-style random crop of a random area and aspect ratio, resized to a square.
 
-    Uses JPEG draft mode: the decoder scales by 1/2, 1/4 or 1/8 while decoding
-    when the crop will be downsized anyway, which is most of the cost saved.
+    The box is drawn from the image's size, which the JPEG header gives before any pixel is
+    decoded. With the ``_jpegcrop`` extension built (``feedline doctor`` says), a JPEG is then
+    decoded only where the box and the filter need it, at the DCT scale Pillow's draft mode would
+    pick, and resized with Pillow's BILINEAR arithmetic: the result is an HWC uint8 array, what the
+    batch slot holds. Without it (or with ``fast=False``, or for CMYK and other images) Pillow
+    decodes, in draft mode, and the result is a PIL image. Either way the same seed draws the same
+    box and flip.
     """
 
     def __init__(
@@ -62,24 +69,39 @@ class RandomResizedCrop:
         fields: Sequence[str] | None = None,
         draft: bool = True,
         flip: bool = True,
+        fast: bool = True,
+        dct_scales: tuple[int, ...] | None = None,
     ):
         if size < 1:
             raise ValueError(f"RandomResizedCrop size must be >= 1, got {size}")
+        if dct_scales is not None and not (dct_scales and all(1 <= m <= 8 for m in dct_scales)):
+            raise ValueError(f"RandomResizedCrop dct_scales are m of m/8, 1 to 8; got {dct_scales}")
         self.size = size
         self.scale = scale
         self.ratio = ratio
         self.fields = fields
         self.draft = draft
         self.flip = flip
+        self.fast = fast
+        self.dct_scales = dct_scales  # None: the scale Pillow's draft picks (the same pixels as the PIL path)
 
     def _box(self, width: int, height: int) -> tuple[float, float, float, float]:
         return random_box(width, height, self.scale, self.ratio, random)
 
+    def _flipped(self) -> bool:
+        return self.flip and random.random() < 0.5
+
     def crop(self, img: Any) -> Any:
+        """The PIL path: a PIL image of ``size`` x ``size``."""
+        width, height = img.size
+        box = self._box(width, height)
+        return self._pil(img, box, self._flipped())
+
+    def _pil(self, img: Any, box: tuple[float, float, float, float], flip: bool) -> Any:
         from PIL import Image
 
         width, height = img.size
-        x0, y0, x1, y1 = self._box(width, height)
+        x0, y0, x1, y1 = box
         if self.draft and img.format == "JPEG":
             # Ask for the smallest decode that still covers the crop at the target size.
             want = (
@@ -92,13 +114,37 @@ class RandomResizedCrop:
         if img.mode != "RGB":
             img = img.convert("RGB")
         out = img.resize((self.size, self.size), Image.Resampling.BILINEAR, box=(x0, y0, x1, y1))
-        if self.flip and random.random() < 0.5:
+        if flip:
             out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return out
 
+    def _fast_source(self, img: Any) -> Any:
+        """The JPEG's bytes when the fast path can decode it (a JPEG not yet decoded, RGB or grey), else None."""
+        if not (self.fast and self.draft and fastjpeg.available()):
+            return None
+        if getattr(img, "format", None) != "JPEG" or img.mode not in ("RGB", "L") or getattr(img, "_im", 1) is not None:
+            return None
+        fp = getattr(img, "fp", None)
+        return fp.getbuffer() if isinstance(fp, io.BytesIO) else None
+
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
         for key in _image_fields(sample, self.fields):
-            sample[key] = self.crop(sample[key])
+            img = sample[key]
+            data = self._fast_source(img)
+            if data is None:
+                sample[key] = self.crop(img)
+                continue
+            width, height = img.size
+            box = self._box(width, height)
+            flip = self._flipped()
+            m = (fastjpeg.pillow_scale(width, height, box, self.size) if self.dct_scales is None
+                 else fastjpeg.smallest_scale(box, self.size, self.dct_scales))
+            try:
+                sample[key] = fastjpeg.crop_resize(data, box, self.size, m, flip)
+            except fastjpeg.Unsupported:
+                sample[key] = self._pil(img, box, flip)
+            finally:
+                data.release()
         return sample
 
 

@@ -1,0 +1,256 @@
+/* Decode only the part of a JPEG that a crop needs.
+ *
+ * RandomResizedCrop knows its box before any pixel is decoded. libjpeg-turbo can then skip the rows
+ * above the box (jpeg_skip_scanlines), decode only the iMCU columns the box covers
+ * (jpeg_crop_scanline), stop at the box's last row, and scale the IDCT by m/8. What it returns is
+ * resized by Pillow (pillow-simd's SIMD resampling) with the box moved into the part's pixels: the
+ * pixels of the PIL path, which decodes the whole image first.
+ *
+ * decode_box(data, out_w, out_h, x0, y0, x1, y1, m) -> (rgb, (width, height), (bx0, by0, bx1, by1))
+ *   data:   the JPEG (any buffer)
+ *   x0..y1: the box in the full-size image's pixels; out_w x out_h the size it is resized to
+ *   m:      decode at m/8 of the full size (1..8); the box is scaled with the image
+ * Raises _jpegcrop.Error for a JPEG libjpeg cannot read (corrupt, or truncated anywhere, also below
+ * the box) and _jpegcrop.Unsupported for one this path does not decode (CMYK, YCCK, 4x sampling):
+ * the caller falls back to Pillow.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+#include <jerror.h>
+#ifndef FL_DCT
+#define FL_DCT JDCT_ISLOW
+#endif
+#ifndef FL_FANCY
+#define FL_FANCY TRUE
+#endif
+
+static PyObject *JpegError;
+static PyObject *Unsupported;
+
+enum { OK = 0, ERR_JPEG = 1, ERR_UNSUPPORTED = 2, ERR_MEMORY = 3 };
+
+struct err_mgr {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    char message[JMSG_LENGTH_MAX];
+    int eof; /* the data ended before the image did (libjpeg inserted an EOI): Pillow fails, so do we */
+};
+
+static void on_error(j_common_ptr cinfo) {
+    struct err_mgr *err = (struct err_mgr *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->jump, 1);
+}
+
+static void on_message(j_common_ptr cinfo, int level) {
+    /* Other warnings (extraneous bytes before a marker, ...) are ignored, as Pillow ignores them. */
+    if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) ((struct err_mgr *)cinfo->err)->eof = 1;
+}
+
+/* The input pixels [first, last) that Pillow's BILINEAR resize of [in0, in1) to out pixels reads (Resample.c,
+   precompute_coeffs: a triangle of support 1 widened by the downscale factor), clamped to the image. */
+static void span(int in_size, double in0, double in1, int out, int *first, int *last) {
+    const float f0 = (float)in0, f1 = (float)in1; /* Pillow reads a box as floats */
+    const double scale = (double)(f1 - f0) / out;
+    const double support = scale < 1.0 ? 1.0 : scale;
+    int lo = (int)(f0 + 0.5 * scale - support + 0.5), hi = (int)(f0 + (out - 0.5) * scale + support + 0.5);
+    *first = lo < 0 ? 0 : lo;
+    *last = hi > in_size ? in_size : hi;
+}
+
+/* Whether an EOI marker follows the scan data read so far: a file cut below the box is corrupt, as Pillow,
+   which decodes every row, finds (in scan data a 0xFF byte is always followed by 0x00 or a restart marker). */
+static int eoi_after(const unsigned char *from, const unsigned char *end) {
+    for (const unsigned char *p = from; p + 1 < end; p++)
+        if (p[0] == 0xFF && p[1] == JPEG_EOI) return 1;
+    return 0;
+}
+
+struct job {
+    const unsigned char *data;
+    size_t len;
+    int out_w, out_h, m;
+    double x0, y0, x1, y1;
+    unsigned char *rows; /* the decoded region, RGB */
+    int width, height;   /* its size */
+    double box[4];       /* the box in its pixels */
+    char message[JMSG_LENGTH_MAX];
+};
+
+/* Runs without the GIL. The region is the box's rows and the iMCU columns around it, with what the resize's
+   filter reads beyond the box and one pixel more each side, so the upsampler's edge handling at the crop's
+   border never reaches a pixel that is used. */
+static int decode_region(struct job *job) {
+    struct jpeg_decompress_struct cinfo;
+    struct err_mgr err;
+    volatile int status = OK; /* volatile: set after the setjmp */
+
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error;
+    err.pub.emit_message = on_message;
+    err.eof = 0;
+    err.message[0] = 0;
+    job->rows = NULL;
+    if (setjmp(err.jump)) {
+        snprintf(job->message, sizeof job->message, "%s", err.message);
+        jpeg_destroy_decompress(&cinfo);
+        free(job->rows);
+        job->rows = NULL;
+        return ERR_JPEG;
+    }
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, job->data, (unsigned long)job->len);
+    jpeg_read_header(&cinfo, TRUE);
+
+    if (cinfo.jpeg_color_space != JCS_YCbCr && cinfo.jpeg_color_space != JCS_GRAYSCALE &&
+        cinfo.jpeg_color_space != JCS_RGB) {
+        snprintf(job->message, sizeof job->message, "colour space %d (CMYK or YCCK)", (int)cinfo.jpeg_color_space);
+        jpeg_destroy_decompress(&cinfo);
+        return ERR_UNSUPPORTED;
+    }
+    for (int i = 0; i < cinfo.num_components; i++) {
+        if (cinfo.comp_info[i].h_samp_factor > 2 || cinfo.comp_info[i].v_samp_factor > 2) {
+            snprintf(job->message, sizeof job->message, "sampling factors over 2");
+            jpeg_destroy_decompress(&cinfo);
+            return ERR_UNSUPPORTED;
+        }
+    }
+    const int width = (int)cinfo.image_width, height = (int)cinfo.image_height;
+    cinfo.out_color_space = JCS_EXT_RGBX; /* Pillow keeps RGB in 4 bytes: its image can use these */
+    cinfo.scale_num = (unsigned)job->m;
+    cinfo.scale_denom = 8;
+    cinfo.dct_method = FL_DCT; /* what Pillow decodes with */
+    cinfo.do_fancy_upsampling = FL_FANCY;
+    jpeg_calc_output_dimensions(&cinfo);
+    const int sw = (int)cinfo.output_width, sh = (int)cinfo.output_height;
+
+    /* The box in the scaled image's pixels, as the PIL path scales it after its draft. */
+    const double sx = (double)sw / width, sy = (double)sh / height;
+    const double bx0 = job->x0 * sx, by0 = job->y0 * sy, bx1 = job->x1 * sx, by1 = job->y1 * sy;
+    int cx0, cx1, ry0, ry1;
+    span(sw, bx0, bx1, job->out_w, &cx0, &cx1);
+    span(sh, by0, by1, job->out_h, &ry0, &ry1);
+    if (cx1 <= cx0 || ry1 <= ry0) {
+        snprintf(job->message, sizeof job->message, "the box covers no pixel");
+        jpeg_destroy_decompress(&cinfo);
+        return ERR_UNSUPPORTED;
+    }
+    const int dx0 = cx0 > 0 ? cx0 - 1 : 0, dx1 = cx1 < sw ? cx1 + 1 : sw;
+    const int dy0 = ry0 > 0 ? ry0 - 1 : 0, dy1 = ry1 < sh ? ry1 + 1 : sh;
+
+    jpeg_start_decompress(&cinfo);
+    JDIMENSION xoff = (JDIMENSION)dx0, cw = (JDIMENSION)(dx1 - dx0);
+    if (cw < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &cw); /* xoff moves left to an iMCU edge */
+    const int stride = (int)cinfo.output_width * 4;
+    job->rows = malloc((size_t)stride * (dy1 - dy0));
+    if (!job->rows) {
+        status = ERR_MEMORY;
+        goto done;
+    }
+    if (dy0 > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)dy0);
+    while ((int)cinfo.output_scanline < dy1) {
+        JSAMPROW row = job->rows + (size_t)stride * (cinfo.output_scanline - dy0);
+        if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) break;
+    }
+    /* Where libjpeg's input stopped before the EOI marker (the box ended above the last iMCU row), the rest is
+       looked at for it; where the input reached it (read, or met by the entropy decoder and held as the
+       unread marker), a missing one was a JWRN_JPEG_EOF. */
+    const int at_eoi = jpeg_input_complete(&cinfo) || cinfo.unread_marker == JPEG_EOI;
+    if ((int)cinfo.output_scanline < dy1 || err.eof ||
+        (!at_eoi && !eoi_after(cinfo.src->next_input_byte, job->data + job->len))) {
+        snprintf(job->message, sizeof job->message, "image file is truncated");
+        status = ERR_JPEG;
+        goto done;
+    }
+    job->width = (int)cinfo.output_width;
+    job->height = dy1 - dy0;
+    job->box[0] = bx0 - xoff;
+    job->box[1] = by0 - dy0;
+    job->box[2] = bx1 - xoff;
+    job->box[3] = by1 - dy0;
+
+done:
+    jpeg_abort_decompress(&cinfo); /* not finish: the rows below the box were never read */
+    jpeg_destroy_decompress(&cinfo);
+    if (status != OK) {
+        free(job->rows);
+        job->rows = NULL;
+    }
+    if (status == ERR_MEMORY) snprintf(job->message, sizeof job->message, "out of memory");
+    return status;
+}
+
+static PyObject *decode_box(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    int out_w, out_h, m;
+    double x0, y0, x1, y1;
+    if (!PyArg_ParseTuple(args, "y*iiddddi", &data, &out_w, &out_h, &x0, &y0, &x1, &y1, &m)) return NULL;
+    PyObject *result = NULL;
+    if (out_w < 1 || out_h < 1 || !(x1 > x0 && y1 > y0 && x0 >= 0 && y0 >= 0) || m < 1 || m > 8) {
+        PyErr_SetString(PyExc_ValueError, "the output must be at least 1x1, the box have x1 > x0 >= 0 and "
+                                          "y1 > y0 >= 0, and m be 1 to 8");
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    struct job job = {.data = data.buf, .len = (size_t)data.len, .out_w = out_w, .out_h = out_h, .m = m,
+                      .x0 = x0, .y0 = y0, .x1 = x1, .y1 = y1};
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = decode_region(&job);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    if (status == OK) {
+        PyObject *pixels = PyBytes_FromStringAndSize((const char *)job.rows, (Py_ssize_t)job.width * job.height * 4);
+        free(job.rows);
+        if (!pixels) return NULL;
+        result = Py_BuildValue("N(ii)(dddd)", pixels, job.width, job.height, job.box[0], job.box[1], job.box[2],
+                               job.box[3]);
+    } else if (status == ERR_UNSUPPORTED) {
+        PyErr_SetString(Unsupported, job.message);
+    } else if (status == ERR_MEMORY) {
+        PyErr_NoMemory();
+    } else {
+        PyErr_SetString(JpegError, job.message[0] ? job.message : "not a readable JPEG");
+    }
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"decode_box", decode_box, METH_VARARGS,
+     "decode_box(data, out_w, out_h, x0, y0, x1, y1, m) -> (rgb bytes, (width, height), box): the part of the JPEG "
+     "that Pillow's BILINEAR resize of the box (full-size pixels) to out_w x out_h reads, decoded at m/8, and the "
+     "box in that part's pixels"},
+    {NULL, NULL, 0, NULL},
+};
+static struct PyModuleDef module = {
+    .m_base = PyModuleDef_HEAD_INIT, .m_name = "_jpegcrop", .m_size = -1, .m_methods = methods};
+
+PyMODINIT_FUNC PyInit__jpegcrop(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    JpegError = PyErr_NewException("feedline.formats._jpegcrop.Error", NULL, NULL);
+    Unsupported = PyErr_NewException("feedline.formats._jpegcrop.Unsupported", NULL, NULL);
+    if (!JpegError || !Unsupported || PyModule_AddObjectRef(m, "Error", JpegError) < 0 ||
+        PyModule_AddObjectRef(m, "Unsupported", Unsupported) < 0 ||
+        PyModule_AddIntConstant(m, "JPEG_LIB_VERSION", JPEG_LIB_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#ifdef LIBJPEG_TURBO_VERSION
+#define FL_STR2(x) #x
+#define FL_STR(x) FL_STR2(x)
+    if (PyModule_AddStringConstant(m, "LIBJPEG_TURBO_VERSION", FL_STR(LIBJPEG_TURBO_VERSION)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
+    return m;
+}

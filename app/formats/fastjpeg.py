@@ -1,0 +1,89 @@
+"""Decode only a JPEG's crop box, at a reduced DCT scale, with libjpeg-turbo (the ``_jpegcrop`` extension).
+
+RandomResizedCrop draws its box from the image's size, which the header gives before any pixel is
+decoded; the extension then skips the rows above the box, decodes only the iMCU columns it covers
+and stops below it; Pillow resizes that part as it would have resized the whole. Where the extension was not built
+(no compiler or no libjpeg headers at install), or a JPEG is one it does not decode (CMYK, YCCK),
+the PIL path is used: same boxes, same draws, nearly the same pixels.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .bounds import DecodeError
+
+try:
+    from . import _jpegcrop
+except ImportError as exc:  # not built: the PIL path
+    _jpegcrop = None  # type: ignore[assignment]
+    _missing = str(exc)
+else:
+    _missing = ""
+
+# The scales the decode may use, as m of m/8. Pillow's draft uses 1/8, 1/4, 1/2 and 1; libjpeg-turbo's
+# scaled IDCTs at those four are SIMD, the others plain C (measured in docs/benchmarks.md).
+PIL_SCALES = (1, 2, 4, 8)
+ALL_SCALES = (1, 2, 3, 4, 5, 6, 7, 8)
+
+
+def available() -> bool:
+    """Whether the extension is built and loads."""
+    return _jpegcrop is not None
+
+
+def status() -> tuple[bool, str]:
+    """(built, what it is or why not), for ``feedline doctor``."""
+    if _jpegcrop is None:
+        return False, f"not built ({_missing}): RandomResizedCrop decodes the whole JPEG with Pillow"
+    turbo = getattr(_jpegcrop, "LIBJPEG_TURBO_VERSION", "no")
+    return True, f"libjpeg-turbo {turbo} (API {_jpegcrop.JPEG_LIB_VERSION}): RandomResizedCrop decodes only its box"
+
+
+def pillow_scale(width: int, height: int, box: tuple[float, float, float, float], size: int) -> int:
+    """The m of the m/8 scale Pillow's ``draft`` picks for this box and output size (the PIL path's)."""
+    x0, y0, x1, y1 = box
+    want = (max(1, math.ceil(width * size / (x1 - x0))), max(1, math.ceil(height * size / (y1 - y0))))
+    fits = min(width // want[0], height // want[1])
+    for s in (8, 4, 2, 1):
+        if fits >= s:
+            return 8 // s
+    return 8
+
+
+def smallest_scale(box: tuple[float, float, float, float], size: int, scales: tuple[int, ...] = ALL_SCALES) -> int:
+    """The smallest m of ``scales`` at which the box still covers ``size`` pixels both ways (8 if none does)."""
+    x0, y0, x1, y1 = box
+    for m in sorted(scales):
+        if (x1 - x0) * m / 8 >= size and (y1 - y0) * m / 8 >= size:
+            return m
+    return 8
+
+
+class Unsupported(Exception):
+    """A JPEG this path does not decode (CMYK, YCCK, sampling over 2): the caller uses Pillow."""
+
+
+def crop_resize(data: Any, box: tuple[float, float, float, float], size: int, m: int = 8,
+                flip: bool = False) -> np.ndarray:
+    """The box of the JPEG ``data`` decoded at m/8 and resized to ``size`` x ``size`` by Pillow's BILINEAR:
+    an HWC uint8 array."""
+    if _jpegcrop is None:
+        raise Unsupported(f"the _jpegcrop extension is not built ({_missing})")
+    from PIL import Image
+
+    try:
+        rgbx, region, inner = _jpegcrop.decode_box(data, size, size, *box, m)
+    except _jpegcrop.Unsupported as exc:
+        raise Unsupported(str(exc)) from None
+    except _jpegcrop.Error as exc:
+        raise DecodeError(f"not a readable JPEG: {exc}") from None
+    # RGBX, as Pillow holds RGB: the image is made on the decoder's buffer, not copied into one
+    out = Image.frombuffer("RGBX", region, rgbx, "raw", "RGBX", 0, 1).resize(
+        (size, size), Image.Resampling.BILINEAR, box=inner)
+    if flip:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return np.asarray(out)[:, :, :3]
