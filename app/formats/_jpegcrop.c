@@ -79,7 +79,7 @@ struct job {
     size_t len;
     int out_w, out_h, m;
     double x0, y0, x1, y1;
-    unsigned char *rows; /* the decoded region, RGB */
+    PyObject *pixels;    /* the decoded region, RGBX: a bytes object made for it (with the GIL) once its size is known */
     int width, height;   /* its size */
     double box[4];       /* the box in its pixels */
     char message[JMSG_LENGTH_MAX];
@@ -98,12 +98,10 @@ static int decode_region(struct job *job) {
     err.pub.emit_message = on_message;
     err.eof = 0;
     err.message[0] = 0;
-    job->rows = NULL;
+    job->pixels = NULL; /* on an error, the caller releases it (it holds the GIL again) */
     if (setjmp(err.jump)) {
         snprintf(job->message, sizeof job->message, "%s", err.message);
         jpeg_destroy_decompress(&cinfo);
-        free(job->rows);
-        job->rows = NULL;
         return ERR_JPEG;
     }
     jpeg_create_decompress(&cinfo);
@@ -150,14 +148,17 @@ static int decode_region(struct job *job) {
     JDIMENSION xoff = (JDIMENSION)dx0, cw = (JDIMENSION)(dx1 - dx0);
     if (cw < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &cw); /* xoff moves left to an iMCU edge */
     const int stride = (int)cinfo.output_width * 4;
-    job->rows = malloc((size_t)stride * (dy1 - dy0));
-    if (!job->rows) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    job->pixels = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)stride * (dy1 - dy0));
+    PyGILState_Release(gil);
+    if (!job->pixels) {
         status = ERR_MEMORY;
         goto done;
     }
+    unsigned char *const rows = (unsigned char *)PyBytes_AS_STRING(job->pixels);
     if (dy0 > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)dy0);
     while ((int)cinfo.output_scanline < dy1) {
-        JSAMPROW row = job->rows + (size_t)stride * (cinfo.output_scanline - dy0);
+        JSAMPROW row = rows + (size_t)stride * (cinfo.output_scanline - dy0);
         if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) break;
     }
     /* Where libjpeg's input stopped before the EOI marker (the box ended above the last iMCU row), the rest is
@@ -180,10 +181,6 @@ static int decode_region(struct job *job) {
 done:
     jpeg_abort_decompress(&cinfo); /* not finish: the rows below the box were never read */
     jpeg_destroy_decompress(&cinfo);
-    if (status != OK) {
-        free(job->rows);
-        job->rows = NULL;
-    }
     if (status == ERR_MEMORY) snprintf(job->message, sizeof job->message, "out of memory");
     return status;
 }
@@ -207,12 +204,12 @@ static PyObject *decode_box(PyObject *self, PyObject *args) {
     status = decode_region(&job);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
-    if (status == OK) {
-        PyObject *pixels = PyBytes_FromStringAndSize((const char *)job.rows, (Py_ssize_t)job.width * job.height * 4);
-        free(job.rows);
-        if (!pixels) return NULL;
-        result = Py_BuildValue("N(ii)(dddd)", pixels, job.width, job.height, job.box[0], job.box[1], job.box[2],
-                               job.box[3]);
+    if (status == OK)
+        return Py_BuildValue("N(ii)(dddd)", job.pixels, job.width, job.height, job.box[0], job.box[1], job.box[2],
+                             job.box[3]);
+    Py_XDECREF(job.pixels);
+    if (status == ERR_MEMORY && PyErr_Occurred()) {
+        /* the bytes object's own MemoryError */
     } else if (status == ERR_UNSUPPORTED) {
         PyErr_SetString(Unsupported, job.message);
     } else if (status == ERR_MEMORY) {
