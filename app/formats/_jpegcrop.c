@@ -17,20 +17,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <math.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <jpeglib.h>
 #include <jerror.h>
-#ifndef FL_DCT
-#define FL_DCT JDCT_ISLOW
-#endif
-#ifndef FL_FANCY
-#define FL_FANCY TRUE
-#endif
 
 static PyObject *JpegError;
 static PyObject *Unsupported;
@@ -125,8 +117,8 @@ static int decode_region(struct job *job) {
     cinfo.out_color_space = JCS_EXT_RGBX; /* Pillow keeps RGB in 4 bytes: its image can use these */
     cinfo.scale_num = (unsigned)job->m;
     cinfo.scale_denom = 8;
-    cinfo.dct_method = FL_DCT; /* what Pillow decodes with */
-    cinfo.do_fancy_upsampling = FL_FANCY;
+    cinfo.dct_method = JDCT_ISLOW; /* what Pillow decodes with (JDCT_IFAST moved pixels by up to 2.2 of 255) */
+    cinfo.do_fancy_upsampling = TRUE;
     jpeg_calc_output_dimensions(&cinfo);
     const int sw = (int)cinfo.output_width, sh = (int)cinfo.output_height;
 
@@ -190,7 +182,6 @@ static PyObject *decode_box(PyObject *self, PyObject *args) {
     int out_w, out_h, m;
     double x0, y0, x1, y1;
     if (!PyArg_ParseTuple(args, "y*iiddddi", &data, &out_w, &out_h, &x0, &y0, &x1, &y1, &m)) return NULL;
-    PyObject *result = NULL;
     if (out_w < 1 || out_h < 1 || !(x1 > x0 && y1 > y0 && x0 >= 0 && y0 >= 0) || m < 1 || m > 8) {
         PyErr_SetString(PyExc_ValueError, "the output must be at least 1x1, the box have x1 > x0 >= 0 and "
                                           "y1 > y0 >= 0, and m be 1 to 8");
@@ -208,16 +199,13 @@ static PyObject *decode_box(PyObject *self, PyObject *args) {
         return Py_BuildValue("N(ii)(dddd)", job.pixels, job.width, job.height, job.box[0], job.box[1], job.box[2],
                              job.box[3]);
     Py_XDECREF(job.pixels);
-    if (status == ERR_MEMORY && PyErr_Occurred()) {
-        /* the bytes object's own MemoryError */
-    } else if (status == ERR_UNSUPPORTED) {
+    if (status == ERR_UNSUPPORTED)
         PyErr_SetString(Unsupported, job.message);
-    } else if (status == ERR_MEMORY) {
+    else if (status == ERR_MEMORY && !PyErr_Occurred()) /* else: the bytes object's own MemoryError */
         PyErr_NoMemory();
-    } else {
+    else if (status == ERR_JPEG)
         PyErr_SetString(JpegError, job.message[0] ? job.message : "not a readable JPEG");
-    }
-    return result;
+    return NULL;
 }
 
 static PyMethodDef methods[] = {

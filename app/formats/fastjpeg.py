@@ -25,7 +25,7 @@ else:
     _missing = ""
 
 # The scales the decode may use, as m of m/8. Pillow's draft uses 1/8, 1/4, 1/2 and 1; libjpeg-turbo's
-# scaled IDCTs at those four are SIMD, the others plain C (measured in docs/benchmarks.md).
+# scaled IDCTs at those four are SIMD, the others plain C (and move pixels: docs/loader.md).
 PIL_SCALES = (1, 2, 4, 8)
 ALL_SCALES = (1, 2, 3, 4, 5, 6, 7, 8)
 
@@ -43,10 +43,15 @@ def status() -> tuple[bool, str]:
     return True, f"libjpeg-turbo {turbo} (API {_jpegcrop.JPEG_LIB_VERSION}): RandomResizedCrop decodes only its box"
 
 
+def draft_request(width: int, height: int, box: tuple[float, float, float, float], size: int) -> tuple[int, int]:
+    """The smallest full-image size whose box still covers ``size`` pixels: what the PIL path asks ``draft`` for."""
+    x0, y0, x1, y1 = box
+    return max(1, math.ceil(width * size / (x1 - x0))), max(1, math.ceil(height * size / (y1 - y0)))
+
+
 def pillow_scale(width: int, height: int, box: tuple[float, float, float, float], size: int) -> int:
     """The m of the m/8 scale Pillow's ``draft`` picks for this box and output size (the PIL path's)."""
-    x0, y0, x1, y1 = box
-    want = (max(1, math.ceil(width * size / (x1 - x0))), max(1, math.ceil(height * size / (y1 - y0))))
+    want = draft_request(width, height, box, size)
     fits = min(width // want[0], height // want[1])
     for s in (8, 4, 2, 1):
         if fits >= s:

@@ -104,11 +104,7 @@ class RandomResizedCrop:
         x0, y0, x1, y1 = box
         if self.draft and img.format == "JPEG":
             # Ask for the smallest decode that still covers the crop at the target size.
-            want = (
-                max(1, math.ceil(width * self.size / (x1 - x0))),
-                max(1, math.ceil(height * self.size / (y1 - y0))),
-            )
-            img.draft("RGB", want)
+            img.draft("RGB", fastjpeg.draft_request(width, height, box, self.size))
             sx, sy = img.size[0] / width, img.size[1] / height
             x0, y0, x1, y1 = x0 * sx, y0 * sy, x1 * sx, y1 * sy
         if img.mode != "RGB":
