@@ -89,42 +89,51 @@ EPOCHS = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from feedline import StagingLoader
-    mode = sys.argv[2]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     try:
-        with StagingLoader(sys.argv[1], batch_size=4, workers=1, spec={"cls": "int64"}) as loader:
-            if mode == "disagree":
-                loader.set_epoch(3 if rank == 0 else 0)
-            epochs = []
-            for epoch in range(3):
-                if mode == "peek":
-                    loader.set_epoch(epoch)
-                    if rank == 0:
-                        iter(loader)  # an iterator never read, on one rank
-                        next(iter(loader))  # a look at a batch before the loop, on one rank
-                keys = []
-                for batch in loader:
-                    keys += batch["__key__"]
-                    dist.all_reduce(torch.ones(1))  # what a DDP step does: a collective every rank must join
-                epochs.append(keys)
-            # one write per rank: both ranks share torchrun's (unbuffered) stdout
-            sys.stdout.write("RESULT " + json.dumps({"epochs": epochs, "last": loader.epoch}) + "\\n")
+        out = {}
+        for mode in sys.argv[2:]:
+            with StagingLoader(sys.argv[1], batch_size=4, workers=1, spec={"cls": "int64"}) as loader:
+                if mode == "disagree":
+                    loader.set_epoch(3 if rank == 0 else 0)
+                epochs = []
+                for epoch in range(3):
+                    if mode == "peek":
+                        loader.set_epoch(epoch)
+                        if rank == 0:
+                            iter(loader)  # an iterator never read, on one rank
+                            next(iter(loader))  # a look at a batch before the loop, on one rank
+                    keys = []
+                    for batch in loader:
+                        keys += batch["__key__"]
+                        dist.all_reduce(torch.ones(1))  # what a DDP step does: a collective every rank must join
+                    epochs.append(keys)
+                out[mode] = {"epochs": epochs, "last": loader.epoch}
+        # one write per rank: both ranks share torchrun's (unbuffered) stdout
+        sys.stdout.write("RESULT " + json.dumps(out) + "\\n")
     finally:
         dist.destroy_process_group()
 """)
 
 
-def _epochs_run(tmp_path, mode):
+def _epochs_run(tmp_path, *modes):
     data = jpeg_shards(str(tmp_path / "data"), [8, 8, 8, 8])
     script = tmp_path / "epochs.py"
     script.write_text(EPOCHS)
-    return torchrun(str(script), data, mode, env={"PYTHONPATH": ROOT}, timeout=120)
+    return torchrun(str(script), data, *modes, env={"PYTHONPATH": ROOT}, timeout=120)
 
 
-def _assert_epochs_count_up(run):
+@pytest.fixture(scope="module")
+def counted_epochs(tmp_path_factory):
+    """Three epochs read as a plain loop and then with a peek on one rank, in one torchrun job (its start is
+    most of its time); each rank's keys per epoch."""
+    return _epochs_run(tmp_path_factory.mktemp("epochs"), "plain", "peek")
+
+
+def _assert_epochs_count_up(run, mode):
     assert run.returncode == 0, run.stderr[-3000:]
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in run.stdout.splitlines() if "RESULT " in line]
+    results = [json.loads(line.split("RESULT ", 1)[1])[mode] for line in run.stdout.splitlines() if "RESULT " in line]
     assert len(results) == 2 and all(r["last"] == 2 for r in results)
     everything = sorted(f"k{k}{i:03d}" for k in range(4) for i in range(8))
     orders = []
@@ -134,12 +143,12 @@ def _assert_epochs_count_up(run):
     assert orders[0] != orders[1] != orders[2]  # reshuffled every epoch, no set_epoch called
 
 
-def test_epochs_count_up_under_torch_distributed_without_set_epoch(tmp_path):
-    _assert_epochs_count_up(_epochs_run(tmp_path, "plain"))
+def test_epochs_count_up_under_torch_distributed_without_set_epoch(counted_epochs):
+    _assert_epochs_count_up(counted_epochs, "plain")
 
 
-def test_an_unread_iterator_and_a_peek_on_one_rank_neither_desync_nor_hang_the_ranks(tmp_path):
-    _assert_epochs_count_up(_epochs_run(tmp_path, "peek"))
+def test_an_unread_iterator_and_a_peek_on_one_rank_neither_desync_nor_hang_the_ranks(counted_epochs):
+    _assert_epochs_count_up(counted_epochs, "peek")
 
 
 def test_ranks_that_name_different_epochs_get_one_clear_error_naming_both(tmp_path):
@@ -154,47 +163,59 @@ LENGTH = textwrap.dedent("""
     from feedline import StagingLoader
     dist.init_process_group("gloo")
     try:
-        settings = dict(batch_size=4, workers=1, spec={"cls": "int64"}, equal_batches=sys.argv[2])
-        with StagingLoader(sys.argv[1], **settings) as loader:
-            seen = []
-            for epoch in range(2):
-                before = len(loader)  # what a trainer sizing its epoch asks first
-                n = 0
-                for batch in loader:
-                    n += 1
-                    during = len(loader)
-                    if epoch == 1 and n == 1:
-                        state = loader.state_dict()  # every rank's, as a trainer saves it, mid-epoch
-                seen.append([before, during, n])
-        with StagingLoader(sys.argv[1], **settings) as again:
-            again.load_state_dict(state)
-            resumed = len(again)  # a resumed trainer sizes the rest of its epoch the same way
-            seen.append([resumed, resumed, 1 + sum(1 for _ in again)])
-            sys.stdout.write("RESULT " + json.dumps(seen) + "\\n")
+        out = {}
+        for mode in sys.argv[2:]:
+            settings = dict(batch_size=4, workers=1, spec={"cls": "int64"}, equal_batches=mode)
+            with StagingLoader(sys.argv[1], **settings) as loader:
+                seen = []
+                for epoch in range(2):
+                    before = len(loader)  # what a trainer sizing its epoch asks first
+                    n = 0
+                    for batch in loader:
+                        n += 1
+                        during = len(loader)
+                        if epoch == 1 and n == 1:
+                            state = loader.state_dict()  # every rank's, as a trainer saves it, mid-epoch
+                    seen.append([before, during, n])
+            with StagingLoader(sys.argv[1], **settings) as again:
+                again.load_state_dict(state)
+                resumed = len(again)  # a resumed trainer sizes the rest of its epoch the same way
+                seen.append([resumed, resumed, 1 + sum(1 for _ in again)])
+            out[mode] = seen
+        sys.stdout.write("RESULT " + json.dumps(out) + "\\n")
     finally:
         dist.destroy_process_group()
 """)
 
 
-@pytest.mark.parametrize("mode, pick", [("drop", min), ("pad", max)])
-def test_len_under_torch_distributed_is_the_batch_count_the_ranks_agreed_on(tmp_path, mode, pick):
+@pytest.fixture(scope="module")
+def lengths(tmp_path_factory):
+    """Both equal_batches modes, one after the other in one torchrun job (a job's start is most of its time):
+    the shards' per-rank batch counts and what len() and the loop said on each rank."""
     from feedline.loader.plan.epoch_plan import EpochPlan
     from feedline.loader.plan.rank import Rank
 
+    tmp_path = tmp_path_factory.mktemp("length")
     data = jpeg_shards(str(tmp_path / "data"), [30, 8, 8])  # 3 shards for 2 ranks: never an even split
     shards = sorted(glob.glob(data))
     counts = {e: [EpochPlan.make(shards, epoch=e, seed=0, rank=Rank(r, 2), workers=1).batches(4, False)
                   for r in (0, 1)] for e in (0, 1)}
-    assert counts[0][0] != counts[0][1]
     script = tmp_path / "length.py"
     script.write_text(LENGTH)
-    run = torchrun(str(script), data, mode, env={"PYTHONPATH": ROOT}, timeout=120)
+    run = torchrun(str(script), data, "drop", "pad", env={"PYTHONPATH": ROOT}, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in run.stdout.splitlines() if "RESULT " in line]
+    return counts, results
+
+
+@pytest.mark.parametrize("mode, pick", [("drop", min), ("pad", max)])
+def test_len_under_torch_distributed_is_the_batch_count_the_ranks_agreed_on(lengths, mode, pick):
+    counts, results = lengths
+    assert counts[0][0] != counts[0][1]
     assert len(results) == 2
     for epoch, read in ((0, 0), (1, 1), (1, 2)):  # read 2: epoch 1 again, resumed from a state after 1 batch
         agreed = pick(counts[epoch])
-        assert [r[read] for r in results] == [[agreed, agreed, agreed]] * 2  # len() == what the loop yields
+        assert [r[mode][read] for r in results] == [[agreed, agreed, agreed]] * 2  # len() == what the loop yields
 
 
 def test_a_rank_that_dies_ends_the_job_with_an_error_instead_of_a_hang(tmp_path):

@@ -5,28 +5,41 @@ step pins whatever torch is there. Checked with pip's own plan (``--dry-run --re
 fresh environment holding a torch of another version than this machine's, as a base image would.
 """
 
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 from helpers import ROOT
 
 INSTALL = os.path.join(ROOT, "deploy", "image", "install-feedline")
 
 
-def base_with_torch(path, version):
-    """A fresh environment whose installed torch is ``version`` (its metadata: pip plans by it)."""
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A fresh environment, made once (making one is most of these tests' time); ``base(version)`` gives it an
+    installed torch of that version (its metadata: pip plans by it) in place of the last one."""
+    path = tmp_path_factory.mktemp("base") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
     site = subprocess.run([str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    info = os.path.join(site, f"torch-{version}.dist-info")
-    os.makedirs(info)
-    with open(os.path.join(info, "METADATA"), "w") as f:
-        f.write(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
-    with open(os.path.join(info, "INSTALLER"), "w") as f:
-        f.write("pip\n")
-    return path / "bin" / "python"
+
+    def with_torch(version):
+        for old in glob.glob(os.path.join(site, "torch-*.dist-info")):
+            shutil.rmtree(old)
+        info = os.path.join(site, f"torch-{version}.dist-info")
+        os.makedirs(info)
+        with open(os.path.join(info, "METADATA"), "w") as f:
+            f.write(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+        with open(os.path.join(info, "INSTALLER"), "w") as f:
+            f.write("pip\n")
+        return path / "bin" / "python"
+
+    return with_torch
 
 
 def plan(python, tmp_path):
@@ -38,8 +51,8 @@ def plan(python, tmp_path):
     return done, (json.loads(report.read_text()) if report.exists() else None)
 
 
-def test_the_install_step_leaves_a_preinstalled_torch_of_another_version_alone(tmp_path):
-    python = base_with_torch(tmp_path / "base", "2.5.1+cu124")
+def test_the_install_step_leaves_a_preinstalled_torch_of_another_version_alone(tmp_path, base):
+    python = base("2.5.1+cu124")
     done, report = plan(python, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "keeping torch 2.5.1+cu124" in done.stderr
@@ -49,8 +62,8 @@ def test_the_install_step_leaves_a_preinstalled_torch_of_another_version_alone(t
     assert {"numpy", "rich", "prometheus-client", "boto3", "zstandard"} <= set(planned)  # the rest installs
 
 
-def test_the_install_step_refuses_a_base_torch_older_than_the_project_needs(tmp_path):
-    python = base_with_torch(tmp_path / "old", "2.1.0")
+def test_the_install_step_refuses_a_base_torch_older_than_the_project_needs(tmp_path, base):
+    python = base("2.1.0")
     done, _ = plan(python, tmp_path)
     assert done.returncode != 0  # refused: never replaced behind the base image's back
     assert "torch" in done.stderr and ("conflict" in done.stderr.lower() or "resolution" in done.stderr.lower())

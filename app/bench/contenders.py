@@ -15,7 +15,6 @@ import io
 import json
 import os
 import sys
-import tarfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -24,63 +23,7 @@ import numpy as np
 import torch
 
 from ..formats.transforms import RandomResizedCrop
-
-
-def _tar_samples(path: str) -> Iterator[dict[str, bytes]]:
-    """Stream a shard with tarfile, grouping members by key (what a hand-written Dataset does)."""
-    current: dict[str, bytes] = {}
-    key = None
-    with tarfile.open(path, mode="r|") as tar:
-        for info in tar:
-            if not info.isfile():
-                continue
-            k, _, ext = info.name.partition(".")
-            f = tar.extractfile(info)
-            assert f is not None
-            data = f.read()
-            if k != key and current:
-                yield current
-                current = {}
-            key = k
-            current[ext] = data
-    if current:
-        yield current
-
-
-class Convert:
-    """Bytes of a sample to tensors, as a typical hand-written dataset does (picklable for spawn)."""
-
-    def __init__(self, workload: str, image_size: int):
-        self.workload = workload
-        self.rrc = RandomResizedCrop(image_size, draft=False)  # torchvision-style: full-size decode
-
-    def __call__(self, s: dict[str, Any]) -> dict[str, Any]:
-        if self.workload == "raw":
-            arr = np.frombuffer(s["bin"], dtype=np.uint8).copy()
-            return {"bin": torch.from_numpy(arr), "cls": int(s["cls"])}
-        from PIL import Image
-
-        img = s["jpg"] if not isinstance(s["jpg"], bytes) else Image.open(io.BytesIO(s["jpg"]))
-        img = self.rrc.crop(img.convert("RGB"))
-        out = {"jpg": torch.from_numpy(np.asarray(img).copy()), "cls": int(s["cls"])}
-        if self.workload == "captioned":  # webdataset decoded them already; a hand-written dataset decodes here
-            out["txt"] = s["txt"] if isinstance(s["txt"], str) else s["txt"].decode("utf-8")
-            out["json"] = s["json"] if isinstance(s["json"], dict) else json.loads(s["json"])
-        return out
-
-
-def collate_mixed(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stack tensors and ints; keep strings and JSON values as lists (what users write for captions)."""
-    out: dict[str, Any] = {}
-    for k in samples[0]:
-        values = [s[k] for s in samples]
-        if isinstance(values[0], torch.Tensor):
-            out[k] = torch.stack(values)
-        elif isinstance(values[0], int):
-            out[k] = torch.tensor(values)
-        else:
-            out[k] = values
-    return out
+from .samples import Convert, collate_mixed, tar_samples
 
 
 class TarShards(torch.utils.data.IterableDataset):
@@ -94,7 +37,7 @@ class TarShards(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         mine = self.shards if info is None else self.shards[info.id :: info.num_workers]
         for path in mine:
-            for s in _tar_samples(path):
+            for s in tar_samples(path):
                 yield self.convert(s)
 
 
@@ -148,6 +91,17 @@ def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str,
                          zero_copy=args.zero_copy, shuffle=False, **decode)
 
 
+def _peer(name: str) -> Callable[[argparse.Namespace, list[str]], Iterable[dict[str, Any]]]:
+    """A peer loader (``peers.py``, run by ``.venv-peers``'s Python): ``--shards`` is its format's directory."""
+    def make(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
+        from . import peers
+
+        loader = peers.mosaic_loader if name == "mosaic" else peers.litdata_loader
+        return loader(args.shards, args.workload, args.image_size, args.batch_size, args.workers)
+
+    return make
+
+
 def _batch_payload(batch: Any) -> tuple[int, int, list[torch.Tensor]]:
     """(samples, bytes, tensors) of a batch, whatever shape the contender returns."""
     if isinstance(batch, dict):
@@ -162,7 +116,8 @@ def _batch_payload(batch: Any) -> tuple[int, int, list[torch.Tensor]]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     shards = sorted(glob.glob(args.shards))
-    make = {"feedline": _feedline, "dataloader": _dataloader, "webdataset": _webdataset}[args.loader]
+    make = {"feedline": _feedline, "dataloader": _dataloader, "webdataset": _webdataset, "mosaic": _peer("mosaic"),
+            "litdata": _peer("litdata")}[args.loader]
     loader = make(args, shards)
     cuda = torch.device("cuda") if torch.cuda.is_available() else None
     samples = nbytes = batches = 0
@@ -200,6 +155,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             extra["h2d_gb_per_s"] = st.bytes_total["transferred"] / st.h2d_seconds.sum / 1e9
     if hasattr(loader, "close"):
         loader.close()
+    if args.loader in ("mosaic", "litdata"):
+        from . import peers
+
+        del loader  # its workers end here (persistent_workers), before what they share is cleaned
+        peers.close(args.loader)
     import PIL
 
     return {"loader": args.loader, "workload": args.workload, "samples": samples, "seconds": wall,
@@ -221,7 +181,7 @@ def single_core_rate(args: argparse.Namespace) -> dict[str, Any]:
 
     blobs = []  # every image of the dataset, as the loaders see them
     for path in sorted(glob.glob(args.shards)):
-        blobs.extend(s["jpg"] for s in _tar_samples(path))
+        blobs.extend(s["jpg"] for s in tar_samples(path))
     rrc = RandomResizedCrop(args.image_size, draft=not args.no_draft, fields=["jpg"])
     if args.crop_decoder and not fastjpeg.available():
         raise SystemExit(f"--crop-decoder: {fastjpeg.status()[1]}")
@@ -243,9 +203,9 @@ def single_core_rate(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("loader", choices=("feedline", "dataloader", "webdataset", "single-core"))
+    p.add_argument("loader", choices=("feedline", "dataloader", "webdataset", "mosaic", "litdata", "single-core"))
     p.add_argument("--workload", choices=("raw", "jpeg", "captioned"), required=True)
-    p.add_argument("--shards", required=True, help="a glob")
+    p.add_argument("--shards", required=True, help="a glob of tar shards (mosaic, litdata: their format's directory)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--transfer-threads", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=32)

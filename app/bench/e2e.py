@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats.transforms import RandomResizedCrop
-from .contenders import Convert, TarShards
+from .contenders import TarShards
+from .samples import Convert
 
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)

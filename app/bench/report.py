@@ -17,6 +17,27 @@ def _pct(row: dict[str, Any], metric: str = "main_cpu_pct") -> str:
 CEILING = "synthetic, on the device (the ceiling)"  # the e2e row the others are compared with
 
 
+PEER_NOTE_ROWS = ("Mosaic Streaming + DataLoader", "LitData StreamingDataLoader")
+PEER_NOTE = ("Mosaic Streaming (mosaicml-streaming 0.13.0: `MDSWriter`, then its `StreamingDataset` in a torch "
+             "`DataLoader`) and LitData (0.2.76: `optimize`, then its `StreamingDataset` in its `StreamingDataLoader`) "
+             "read the same samples, written once in their own formats from the same tar shards and copied to "
+             "/dev/shm beside them; they do the DataLoader rows' per-sample work (a full decode and the same "
+             "random-resized-crop code) with pillow-simd, run from `.venv-peers` (`scripts/setup-peers`: their "
+             "pins, numpy < 2.2 and torchvision, stay out of `.venv`).")
+
+
+def _peer_targets(rows: dict[str, Any], workload: str, metric: str,
+                  least: dict[str, float]) -> list[dict[str, Any]]:
+    """feedline (zero-copy) against each peer loader that ran (issue 35): at least ``least[row]`` times its rate."""
+    out = []
+    for row, k in least.items():
+        if row in rows:
+            r = ratio(rows["feedline (zero-copy)"], rows[row], metric)
+            out.append({"target": f"{workload}: >= {k:g}x {row} {metric.replace('_per_s', '/s')}",
+                        "value": fmt_ratio(r), "met": r[0] >= k})
+    return out
+
+
 def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
     """The issue's performance targets, checked against this run's ratios."""
     out = []
@@ -32,6 +53,8 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
                     "value": f"{100 * r[0]:.0f} % ({100 * r[1]:.0f}-{100 * r[2]:.0f})", "met": r[0] >= 0.8})
         out.append({"target": "raw 1 MiB: copy mode main-process CPU <= 15 % of a core", "value": _pct(cp),
                     "met": cp["main_cpu_pct"] <= 15})
+        out += _peer_targets(raw, "raw 1 MiB", "mb_per_s", {"Mosaic Streaming + DataLoader": 3.0,
+                                                             "LitData StreamingDataLoader": 3.0})
     jpeg = results["workloads"].get("jpeg")
     if jpeg:
         fl = jpeg["feedline (zero-copy)"]
@@ -41,6 +64,8 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
         r = ratio(fl, jpeg["DataLoader + pillow-simd"])
         out.append({"target": "JPEG: >= 1.2x DataLoader + pillow-simd samples/s", "value": fmt_ratio(r),
                     "met": r[0] >= 1.2})
+        out += _peer_targets(jpeg, "JPEG", "samples_per_s", {"Mosaic Streaming + DataLoader": 1.8,
+                                                             "LitData StreamingDataLoader": 1.4})
         mix = jpeg.get("feedline (two-source mix)")
         if mix:
             r = ratio(mix, fl)
@@ -192,6 +217,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 rel = fmt_ratio(ratio(row, rows[base_key])) if "mb_per_s" in row else "—"
                 lines.append(f"| {name} | {row['pil']} | {rate} | {mb} | {cpu} | {rel} |")
             lines.append("")
+            if any(name in rows for name in PEER_NOTE_ROWS):
+                lines += [PEER_NOTE, ""]
         if r.get("scaling"):
             sc = r["scaling"]
             lines += [f"### JPEG decode scaling ({sc['cpus']} CPUs)", "",

@@ -9,6 +9,7 @@ numbers, are what carries between machines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -29,6 +30,9 @@ from .rounds import Contender, interleaved
 log = logging.getLogger("feedline.bench")
 
 STOCK_PILLOW = os.path.join(".venv", "stock-pillow")
+PEERS_VENV = ".venv-peers"  # scripts/setup-peers: Mosaic Streaming and LitData, away from .venv's pins
+_PEER_DIRS = shutil.ignore_patterns("mosaic", "litdata")  # the peers' copies of a dataset: only their rows read them
+PEER_ROWS = {"mosaic": "Mosaic Streaming + DataLoader", "litdata": "LitData StreamingDataLoader"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default="docs/benchmarks.json")
     p.add_argument("--markdown", default="docs/benchmarks.md")
     p.add_argument("--host", default="", help="label of this machine in the report (default: detected)")
+    p.add_argument("--peers", choices=("auto", "on", "off"), default="auto",
+                   help="raw and JPEG rows for Mosaic Streaming and LitData, run from .venv-peers "
+                        "(scripts/setup-peers); auto: when it is installed")
 
 
 def _host_label() -> str:
@@ -108,10 +115,68 @@ def _contender(name: str, workload: str, shards: str, args: argparse.Namespace, 
     return _run_json(cmd, env, workload, label)
 
 
+def _peers_python(args: argparse.Namespace) -> str | None:
+    """``.venv-peers``'s Python when the peers' rows run, else None; ``--peers on`` without it is refused."""
+    python = os.path.join(PEERS_VENV, "bin", "python")
+    ready = os.path.exists(os.path.join(PEERS_VENV, ".feedline-peers")) and os.access(python, os.X_OK)
+    if args.peers == "on" and not ready:
+        raise SystemExit(f"--peers on: {PEERS_VENV} is not installed; run ./scripts/setup-peers")
+    return python if ready and args.peers != "off" else None
+
+
+def _peer_formats(src: str, workload: str, python: str) -> None:
+    """Each peer's format of a bench dataset, written once beside its tar shards (``src/mosaic``, ...)."""
+    from .peers import MARK, PEERS
+
+    missing = [peer for peer in PEERS if not os.path.exists(os.path.join(src, peer, MARK))]
+    if not missing:
+        return
+    log.warning("writing the %s dataset in %s's formats under %s", workload, " and ".join(missing), src)
+    cmd = [python, "-m", "feedline.bench.peers", "write", *missing, "--workload", workload,
+           "--shards", os.path.join(src, "*.tar"), "--out", src]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"writing the peers' formats failed:\n{done.stderr[-3000:]}")
+
+
+def _peer_contender(peer: str, workload: str, root: str, args: argparse.Namespace, python: str,
+                    seconds: float | None = None) -> dict[str, Any]:
+    env = dict(os.environ)
+    env.pop("OPENBLAS_CORETYPE", None)
+    cmd = [python, "-m", "feedline.bench.contenders", peer, "--workload", workload,
+           "--shards", os.path.join(root, peer), "--workers", str(args.workers), "--batch-size", str(args.batch_size),
+           "--seconds", str(seconds if seconds is not None else args.seconds),
+           "--sample-bytes", str(parse_size(args.sample_size))]
+    return _run_json(cmd, env, workload, peer)
+
+
+def _torch_shm() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("torch_")} if os.path.isdir("/dev/shm") else set()
+
+
+def _remove_orphaned_torch_shm(before: set[str], label: str) -> None:
+    """torch's shared-memory files (``torch_<pid>_...``) a contender's dead workers left in /dev/shm: LitData's
+    loader leaves a batch's when its workers are shut down with one in flight. The bench leaves nothing."""
+    left = []
+    for name in sorted(_torch_shm() - before):
+        pid = name.split("_")[1]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join("/dev/shm", name))
+            left.append(name)
+    if left:
+        log.warning("%s left %d shared-memory file(s) of torch's in /dev/shm (%s): removed", label, len(left),
+                    ", ".join(left))
+
+
 def _run_json(cmd: list[str], env: dict[str, str], workload: str, label: str) -> dict[str, Any]:
     """Run one contender process; its last stdout line is its JSON result."""
     print(f"  {workload:5s} {label} ...", file=sys.stderr, flush=True)
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    before = _torch_shm()
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        _remove_orphaned_torch_shm(before, label)
     if out.returncode != 0:
         raise RuntimeError(f"contender {label} failed:\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -172,10 +237,13 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             count = args.raw_samples if workload == "raw" else args.jpeg_samples // (2 if workload == "captioned"
                                                                                      else 1)
             src = _dataset(workload, count, parse_size(args.sample_size), args.cache_dir)
+            peers = _peers_python(args) if workload in ("raw", "jpeg") else None
+            if peers:
+                _peer_formats(src, workload, peers)
             dst = os.path.join(shm_root, workload)
-            shutil.copytree(src, dst)
+            shutil.copytree(src, dst, ignore=None if peers else _PEER_DIRS)
             shards = os.path.join(dst, "*.tar")
-            results["workloads"][workload] = interleaved(_contenders(workload, shards, args), args.rounds,
+            results["workloads"][workload] = interleaved(_contenders(workload, shards, args, peers), args.rounds,
                                                                 args.seconds, args.warmup, _at_once(args))
             shutil.rmtree(dst)
         results["cuda_copy"] = _cuda_copy_bandwidth()
@@ -190,15 +258,20 @@ def _at_once(args: argparse.Namespace) -> int:
     return 2 if args.quick else 1
 
 
-def _contenders(workload: str, shards: str, args: argparse.Namespace) -> list[Contender]:
-    """A workload's rows, in table order."""
+def _contenders(workload: str, shards: str, args: argparse.Namespace, peers: str | None = None) -> list[Contender]:
+    """A workload's rows, in table order; ``peers``: .venv-peers's Python, for Mosaic's and LitData's rows."""
     def c(row: str, name: str, *extra: str, stock: bool = False, seconds: float | None = None) -> Contender:
         return Contender(row, lambda t: _contender(name, workload, shards, args, *extra, stock_pillow=stock, seconds=t),
                          seconds)
 
+    def peer(name: str, python: str) -> Contender:
+        root = os.path.dirname(shards)
+        return Contender(PEER_ROWS[name], lambda t: _peer_contender(name, workload, root, args, python, seconds=t))
+
+    others = [peer(name, peers) for name in PEER_ROWS] if peers else []
     feedline = [c("feedline (zero-copy)", "feedline", "--zero-copy"), c("feedline (copy)", "feedline")]
     if workload == "raw":
-        return feedline + [c("DataLoader", "dataloader"), c("webdataset + DataLoader", "webdataset")]
+        return feedline + [c("DataLoader", "dataloader"), c("webdataset + DataLoader", "webdataset"), *others]
     if workload == "captioned":
         return feedline + [c("webdataset + DataLoader", "webdataset"),
                            c("DataLoader + hand-written collate", "dataloader")]
@@ -210,7 +283,7 @@ def _contenders(workload: str, shards: str, args: argparse.Namespace) -> list[Co
         feedline.append(c("feedline (GPU decode)", "feedline", "--zero-copy", "--device-decode"))
     return feedline + [c("DataLoader + stock Pillow", "dataloader", stock=True),
                        c("DataLoader + pillow-simd", "dataloader"),
-                       c("webdataset + DataLoader (stock Pillow)", "webdataset", stock=True),
+                       c("webdataset + DataLoader (stock Pillow)", "webdataset", stock=True), *others,
                        c("1 core, draft", "single-core", seconds=single),
                        c("1 core, crop decoder", "single-core", "--crop-decoder", seconds=single),
                        c("1 core, stock Pillow, no draft", "single-core", "--no-draft", stock=True, seconds=single)]
@@ -222,7 +295,7 @@ def _scaling_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]
     counts = sorted({w for w in (1, 2, 4, 8, cpus - 2) if 1 <= w <= cpus})
     src = _dataset("jpeg", args.jpeg_samples, parse_size(args.sample_size), args.cache_dir)
     dst = os.path.join(shm_root, "scaling")
-    shutil.copytree(src, dst)
+    shutil.copytree(src, dst, ignore=_PEER_DIRS)
     shards = os.path.join(dst, "*.tar")
 
     def feedline(w: int) -> Contender:
@@ -251,7 +324,7 @@ def _e2e_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
         return {"skipped": "no CUDA device"}
     src = _dataset("jpeg", args.jpeg_samples, parse_size(args.sample_size), args.cache_dir)
     dst = os.path.join(shm_root, "e2e")
-    shutil.copytree(src, dst)
+    shutil.copytree(src, dst, ignore=_PEER_DIRS)
     shards = os.path.join(dst, "*.tar")
     steps, warm = (3, 1) if args.quick else (args.e2e_steps, 10)
     size = 224 if args.e2e_model == "resnet50" else 32

@@ -1,0 +1,74 @@
+"""What every contender does with a sample, whichever loader delivers it: the tar shards read as a hand-written
+dataset reads them, and the per-sample work of the DataLoader rows (``Convert``), which the peers' rows
+(``peers.py``) do too."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..formats.transforms import RandomResizedCrop
+
+
+def tar_samples(path: str) -> Iterator[dict[str, bytes]]:
+    """Stream a shard with tarfile, grouping members by key (what a hand-written Dataset does)."""
+    current: dict[str, bytes] = {}
+    key = None
+    with tarfile.open(path, mode="r|") as tar:
+        for info in tar:
+            if not info.isfile():
+                continue
+            k, _, ext = info.name.partition(".")
+            f = tar.extractfile(info)
+            assert f is not None
+            data = f.read()
+            if k != key and current:
+                yield current
+                current = {}
+            key = k
+            current[ext] = data
+    if current:
+        yield current
+
+
+class Convert:
+    """Bytes of a sample to tensors, as a typical hand-written dataset does (picklable for spawn)."""
+
+    def __init__(self, workload: str, image_size: int):
+        self.workload = workload
+        self.rrc = RandomResizedCrop(image_size, draft=False)  # torchvision-style: full-size decode
+
+    def __call__(self, s: dict[str, Any]) -> dict[str, Any]:
+        if self.workload == "raw":
+            arr = np.frombuffer(s["bin"], dtype=np.uint8).copy()
+            return {"bin": torch.from_numpy(arr), "cls": int(s["cls"])}
+        from PIL import Image
+
+        jpg = s["jpg"]  # bytes; LitData's reader hands out a memoryview; webdataset's decoder, an image
+        img = Image.open(io.BytesIO(jpg)) if isinstance(jpg, (bytes, bytearray, memoryview)) else jpg
+        img = self.rrc.crop(img.convert("RGB"))
+        out = {"jpg": torch.from_numpy(np.asarray(img).copy()), "cls": int(s["cls"])}
+        if self.workload == "captioned":  # webdataset decoded them already; a hand-written dataset decodes here
+            out["txt"] = s["txt"] if isinstance(s["txt"], str) else s["txt"].decode("utf-8")
+            out["json"] = s["json"] if isinstance(s["json"], dict) else json.loads(s["json"])
+        return out
+
+
+def collate_mixed(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack tensors and ints; keep strings and JSON values as lists (what users write for captions)."""
+    out: dict[str, Any] = {}
+    for k in samples[0]:
+        values = [s[k] for s in samples]
+        if isinstance(values[0], torch.Tensor):
+            out[k] = torch.stack(values)
+        elif isinstance(values[0], int):
+            out[k] = torch.tensor(values)
+        else:
+            out[k] = values
+    return out

@@ -1,0 +1,130 @@
+"""The benchmark's peer loaders (Mosaic Streaming, LitData): their formats hold every sample of the tar shards,
+their loaders deliver them with the bench's per-sample work, and their venv leaves .venv alone (issue 35)."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import jpeg_bytes, write_tar
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS_PY = os.path.join(ROOT, ".venv-peers", "bin", "python")
+
+# run by .venv-peers's Python on the formats the bench wrote: one epoch of each peer's loader (every label it
+# delivered, the images' shape), and the versions its venv holds
+EPOCHS = """
+import glob, json, sys
+import litdata, numpy, PIL, torch
+from feedline.bench import peers
+root = sys.argv[1]
+report = {"versions": [numpy.__version__, torch.__version__, PIL.__version__, peers.import_streaming().__version__,
+                       litdata.__version__]}
+for name in peers.PEERS:
+    make = peers.mosaic_loader if name == "mosaic" else peers.litdata_loader
+    loader = make(f"{root}/{name}", "jpeg", 32, 8, 1)
+    labels, shapes = [], set()
+    for batch in loader:
+        labels += batch["cls"].tolist()
+        shapes.add(tuple(batch["jpg"].shape[1:]))
+    del loader
+    peers.close(name)
+    report[name] = {"labels": sorted(labels), "shapes": sorted(shapes)}
+print(json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="module")
+def peers_run(tmp_path_factory):
+    from feedline.bench import runner
+
+    d = tmp_path_factory.mktemp("peers")
+    for k in range(2):
+        write_tar(str(d / f"p-{k}.tar"), [(f"k{k}{i:03d}", {"jpg": jpeg_bytes(k * 100 + i, (48, 40)),
+                                                            "cls": str(k * 100 + i).encode()}) for i in range(20)])
+    runner._peer_formats(str(d), "jpeg", PEERS_PY)  # as the bench writes them: both, in one process
+    run = subprocess.run([PEERS_PY, "-c", EPOCHS, str(d)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return {"root": d, **json.loads(run.stdout.strip().splitlines()[-1])}
+
+
+def _minor(version):
+    return tuple(int(x) for x in version.split(".")[:2])
+
+
+@pytest.mark.parametrize("peer", ["mosaic", "litdata"])
+def test_a_peer_loader_delivers_every_sample_of_the_tar_shards_once_cropped_as_the_bench_crops(peers_run, peer):
+    got = peers_run[peer]
+    assert (peers_run["root"] / peer / "complete").exists()  # the format's write finished
+    assert got["labels"] == sorted(k * 100 + i for k in range(2) for i in range(20))
+    assert got["shapes"] == [[32, 32, 3]]
+
+
+def test_the_peers_venv_keeps_its_own_pins_and_leaves_the_projects_alone(peers_run):
+    import numpy
+    import PIL
+    import torch
+
+    np_peer, torch_peer, pil_peer, mosaic, lit = peers_run["versions"]
+    assert _minor(np_peer) < (2, 2) and torch_peer == torch.__version__ and pil_peer == PIL.__version__
+    assert mosaic == "0.13.0" and lit == "0.2.76"
+    assert _minor(numpy.__version__) >= (2, 2) and PIL.__version__.endswith(".post0")  # .venv: untouched
+    site = os.path.join(os.path.dirname(sys.executable), "..", "lib", "python3.11", "site-packages")
+    assert not os.path.exists(os.path.join(site, "streaming")) and not os.path.exists(os.path.join(site, "litdata"))
+
+
+def test_each_peer_runs_as_a_bench_contender_from_its_own_venv(peers_run):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from feedline.bench import runner
+
+    args = argparse.Namespace(workers=1, batch_size=8, seconds=0.5, sample_size="1MiB")
+    with ThreadPoolExecutor(2) as pool:  # side by side: each is mostly its imports
+        got = list(pool.map(lambda peer: runner._peer_contender(peer, "jpeg", str(peers_run["root"]), args, PEERS_PY),
+                            ["mosaic", "litdata"]))
+    assert [g["loader"] for g in got] == ["mosaic", "litdata"]
+    assert all(g["samples_per_s"] > 0 and g["pil"].endswith(".post0") for g in got)
+
+
+def test_the_peer_targets_are_feedlines_ratios_to_each_peer_row():
+    from feedline.bench.report import targets
+
+    def row(rate):
+        return {"samples_per_s": rate, "mb_per_s": rate, "main_cpu_pct": 1.0}
+
+    jpeg = {"feedline (zero-copy)": row(300), "DataLoader + stock Pillow": row(100),
+            "DataLoader + pillow-simd": row(150), "1 core, draft": row(150),
+            "Mosaic Streaming + DataLoader": row(200), "LitData StreamingDataLoader": row(200)}
+    got = {t["target"]: t for t in targets({"workloads": {"jpeg": jpeg}}, 2)}
+    assert got["JPEG: >= 1.8x Mosaic Streaming + DataLoader samples/s"]["met"] is False  # 1.5x
+    assert got["JPEG: >= 1.4x LitData StreamingDataLoader samples/s"]["met"] is True
+    assert got["JPEG: >= 1.4x LitData StreamingDataLoader samples/s"]["value"] == "1.50x"
+
+
+def test_bench_refuses_peers_on_without_their_venv(tmp_path):
+    run = subprocess.run([sys.executable, "-c", "import sys, argparse; from feedline.bench import runner; "
+                                                "runner.PEERS_VENV = sys.argv[1]; "
+                                                "runner._peers_python(argparse.Namespace(peers='on'))", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "run ./scripts/setup-peers" in run.stderr
+
+
+def test_the_bench_removes_the_shared_memory_a_contenders_dead_workers_left():
+    from feedline.bench import runner
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    orphan, alive = f"/dev/shm/torch_{dead}_1_1", f"/dev/shm/torch_{os.getpid()}_1_1"
+    before = runner._torch_shm()
+    try:
+        for path in (orphan, alive):
+            open(path, "wb").close()
+        runner._remove_orphaned_torch_shm(before, "litdata")
+        assert not os.path.exists(orphan) and os.path.exists(alive)  # a live process's stays: it may be in use
+    finally:
+        for path in (orphan, alive):
+            if os.path.exists(path):
+                os.unlink(path)
