@@ -113,16 +113,16 @@ def test_bench_refuses_peers_on_without_their_venv(tmp_path):
 
 
 def test_the_bench_removes_the_shared_memory_a_contenders_dead_workers_left():
-    from feedline.bench import runner
+    from feedline.bench import shm
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
     orphan, alive = f"/dev/shm/torch_{dead}_1_1", f"/dev/shm/torch_{os.getpid()}_1_1"
-    before = runner._torch_shm()
+    before = shm.torch_shm()
     try:
         for path in (orphan, alive):
             open(path, "wb").close()
-        runner._remove_orphaned_torch_shm(before, "litdata")
+        shm.remove_orphaned_torch_shm(before, "litdata")
         assert not os.path.exists(orphan) and os.path.exists(alive)  # a live process's stays: it may be in use
     finally:
         for path in (orphan, alive):

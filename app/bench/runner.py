@@ -9,7 +9,6 @@ numbers, are what carries between machines.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ from ..demo.datasets import make_dataset
 from ..preflight import pil_is_simd
 from .report import CEILING, render_markdown, targets
 from .rounds import Contender, interleaved
+from .shm import remove_orphaned_torch_shm, torch_shm
 
 log = logging.getLogger("feedline.bench")
 
@@ -150,33 +150,14 @@ def _peer_contender(peer: str, workload: str, root: str, args: argparse.Namespac
     return _run_json(cmd, env, workload, peer)
 
 
-def _torch_shm() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith("torch_")} if os.path.isdir("/dev/shm") else set()
-
-
-def _remove_orphaned_torch_shm(before: set[str], label: str) -> None:
-    """torch's shared-memory files (``torch_<pid>_...``) a contender's dead workers left in /dev/shm: LitData's
-    loader leaves a batch's when its workers are shut down with one in flight. The bench leaves nothing."""
-    left = []
-    for name in sorted(_torch_shm() - before):
-        pid = name.split("_")[1]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join("/dev/shm", name))
-            left.append(name)
-    if left:
-        log.warning("%s left %d shared-memory file(s) of torch's in /dev/shm (%s): removed", label, len(left),
-                    ", ".join(left))
-
-
 def _run_json(cmd: list[str], env: dict[str, str], workload: str, label: str) -> dict[str, Any]:
     """Run one contender process; its last stdout line is its JSON result."""
     print(f"  {workload:5s} {label} ...", file=sys.stderr, flush=True)
-    before = _torch_shm()
+    before = torch_shm()
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     finally:
-        _remove_orphaned_torch_shm(before, label)
+        remove_orphaned_torch_shm(before, label)
     if out.returncode != 0:
         raise RuntimeError(f"contender {label} failed:\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
