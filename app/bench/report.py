@@ -21,9 +21,10 @@ PEER_NOTE_ROWS = ("Mosaic Streaming + DataLoader", "LitData StreamingDataLoader"
 PEER_NOTE = ("Mosaic Streaming (mosaicml-streaming 0.13.0: `MDSWriter`, then its `StreamingDataset` in a torch "
              "`DataLoader`) and LitData (0.2.76: `optimize`, then its `StreamingDataset` in its `StreamingDataLoader`) "
              "read the same samples, written once in their own formats from the same tar shards and copied to "
-             "/dev/shm beside them; they do the DataLoader rows' per-sample work (a full decode and the same "
-             "random-resized-crop code) with pillow-simd, run from `.venv-peers` (`scripts/setup-peers`: their "
-             "pins, numpy < 2.2 and torchvision, stay out of `.venv`).")
+             "/dev/shm beside them; they do the DataLoader rows' per-sample work (raw: the bytes into a tensor; JPEG: "
+             "a full decode and the same random-resized-crop code, with pillow-simd) in their workers, and run "
+             "from `.venv-peers` (`scripts/setup-peers`: their pins, numpy < 2.2 and torchvision, stay out of "
+             "`.venv`).")
 
 
 def _peer_targets(rows: dict[str, Any], workload: str, metric: str,
@@ -33,7 +34,8 @@ def _peer_targets(rows: dict[str, Any], workload: str, metric: str,
     for row, k in least.items():
         if row in rows:
             r = ratio(rows["feedline (zero-copy)"], rows[row], metric)
-            out.append({"target": f"{workload}: >= {k:g}x {row} {metric.replace('_per_s', '/s')}",
+            unit = "MB/s" if metric == "mb_per_s" else "samples/s"
+            out.append({"target": f"{workload}: >= {k:g}x {row} {unit}",
                         "value": fmt_ratio(r), "met": r[0] >= k})
     return out
 
