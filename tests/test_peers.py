@@ -56,7 +56,7 @@ def _minor(version):
 
 
 @pytest.mark.parametrize("peer", ["mosaic", "litdata"])
-def test_a_peer_loader_delivers_every_sample_of_the_tar_shards_once_cropped_as_the_bench_crops(peers_run, peer):
+def test_a_peer_loader_delivers_every_sample_of_the_tar_shards_once_at_the_crop_size(peers_run, peer):
     got = peers_run[peer]
     assert (peers_run["root"] / peer / "complete").exists()  # the format's write finished
     assert got["labels"] == sorted(k * 100 + i for k in range(2) for i in range(20))
