@@ -39,9 +39,14 @@ def import_streaming() -> types.ModuleType:
     return streaming
 
 
+def _field(workload: str) -> str:
+    """The member that holds a sample's payload in the bench's shards."""
+    return "bin" if workload == "raw" else "jpg"
+
+
 def _samples(shards: list[str], workload: str) -> Iterator[dict[str, Any]]:
     """Every sample of the tar shards, as the other formats store it: the payload's bytes and the label."""
-    field = "bin" if workload == "raw" else "jpg"
+    field = _field(workload)
     for path in shards:
         for s in tar_samples(path):
             yield {field: s[field], "cls": int(s["cls"])}
@@ -56,10 +61,9 @@ def _litdata_items(path: str, workload: str) -> Iterator[dict[str, Any]]:
 def write(peer: str, shards: list[str], out: str, workload: str) -> None:
     """The samples of ``shards`` in ``peer``'s format under ``out`` (replaced), marked complete at the end."""
     shutil.rmtree(out, ignore_errors=True)
-    field = "bin" if workload == "raw" else "jpg"
     if peer == "mosaic":
         writer_cls = import_streaming().MDSWriter
-        with writer_cls(out=out, columns={field: "bytes", "cls": "int"}) as w:
+        with writer_cls(out=out, columns={_field(workload): "bytes", "cls": "int"}) as w:
             for s in _samples(shards, workload):
                 w.write(s)
     elif peer == "litdata":
