@@ -97,6 +97,29 @@ def test_demo_training_job_runs_and_writes_its_summary(tmp_path, extra):
     assert doc["loader"]["samples_total"] == 160
     assert 0.0 <= doc["loader"]["gpu_starvation_ratio"] <= 1.0
     assert "starvation" in out.stderr and "samples/s" in out.stderr
+    assert "torch intra-op threads: 1 (" in out.stderr  # auto leaves the step one CPU: its workers have the rest
+
+
+def test_the_demo_steps_thread_count_is_left_alone_when_omp_num_threads_is_set(monkeypatch):
+    import types
+
+    import torch
+
+    from feedline.distributed import Job
+    from feedline.train import _leave_workers_their_cpus
+
+    before = torch.get_num_threads()
+    loader = types.SimpleNamespace(most_workers=64)  # more workers than CPUs: the step would get one thread
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        _leave_workers_their_cpus(loader, Job())
+        assert torch.get_num_threads() == 2
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        _leave_workers_their_cpus(loader, Job())
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_cli_refuses_a_bad_setting_naming_it(tmp_path):
