@@ -61,12 +61,26 @@ def make_photos():
 
 
 def both_paths(data, size=64, seed=0, **kw):
-    """The crop of ``data`` by the decoder and by Pillow, from the same seed (the same box and flip)."""
-    random.seed(seed)
-    fast = RandomResizedCrop(size, fields=["jpg"], **kw)({"jpg": decode_image(memoryview(data))})["jpg"]
+    """The crop of ``data`` by the decoder and by Pillow, from the same seed (the same box and flip), as arrays,
+    and whether the decoder made the first (else it was left to Pillow)."""
+    decoded = []
+    real = fastjpeg.crop_resize
+
+    def counted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        decoded.append(True)
+        return out
+
+    fastjpeg.crop_resize = counted
+    try:
+        random.seed(seed)
+        fast = RandomResizedCrop(size, fields=["jpg"], **kw)({"jpg": decode_image(memoryview(data))})["jpg"]
+    finally:
+        fastjpeg.crop_resize = real
     random.seed(seed)
     pil = RandomResizedCrop(size, fields=["jpg"], fast=False, **kw)({"jpg": decode_image(memoryview(data))})["jpg"]
-    return fast, np.asarray(pil)
+    assert fast.mode == pil.mode == "RGB"  # either path: a PIL RGB image, packed into the slot in one pass
+    return np.asarray(fast), np.asarray(pil), bool(decoded)
 
 
 def test_the_decoder_is_built_where_setup_ran():
@@ -76,8 +90,8 @@ def test_the_decoder_is_built_where_setup_ran():
 def test_at_pillows_scale_the_pixels_are_the_pil_paths_over_300_photos(photos):
     worst = []
     for i, (kind, data) in enumerate(photos):
-        fast, pil = both_paths(data, size=224 if i % 2 else 64, seed=i)
-        assert isinstance(fast, np.ndarray) and fast.shape == pil.shape and fast.dtype == np.uint8, kind
+        fast, pil, decoded = both_paths(data, size=224 if i % 2 else 64, seed=i)
+        assert decoded and fast.shape == pil.shape and fast.dtype == np.uint8, kind
         diff = np.abs(fast.astype(int) - pil.astype(int))
         worst.append((diff.reshape(-1, 3).mean(axis=0).max(), diff.max(), kind, i))
     worst.sort(reverse=True)
@@ -89,16 +103,16 @@ def test_at_pillows_scale_the_pixels_are_the_pil_paths_over_300_photos(photos):
 def test_the_smallest_power_of_two_scale_that_covers_the_output_keeps_the_pixels_within_two(photos):
     worst = 0.0
     for i, (kind, data) in enumerate(photos[:150]):
-        fast, pil = both_paths(data, size=224 if i % 2 else 64, seed=i, dct_scales=fastjpeg.PIL_SCALES)
+        fast, pil, _ = both_paths(data, size=224 if i % 2 else 64, seed=i, dct_scales=fastjpeg.PIL_SCALES)
         worst = max(worst, np.abs(fast.astype(int) - pil.astype(int)).reshape(-1, 3).mean(axis=0).max())
     assert worst <= 2.0
 
 
 def test_the_same_seed_gives_the_same_pixels(photos):
     kind, data = photos[1]
-    a, _ = both_paths(data, seed=5)
-    b, _ = both_paths(data, seed=5)
-    c, _ = both_paths(data, seed=6)
+    a, _, _ = both_paths(data, seed=5)
+    b, _, _ = both_paths(data, seed=5)
+    c, _, _ = both_paths(data, seed=6)
     assert np.array_equal(a, b) and not np.array_equal(a, c)
 
 
@@ -110,7 +124,7 @@ def test_a_truncated_jpeg_is_a_decode_error_wherever_it_is_cut(photos, cut):
     w, h = Image.open(io.BytesIO(data)).size
     with pytest.raises(DecodeError, match="truncated"):  # the box: the top quarter's left quarter
         fastjpeg.crop_resize(data[:int(len(data) * cut)], (0.0, 0.0, w / 4, h / 4), 32)
-    assert fastjpeg.crop_resize(data, (0.0, 0.0, w / 4, h / 4), 32).shape == (32, 32, 3)  # whole, it decodes
+    assert fastjpeg.crop_resize(data, (0.0, 0.0, w / 4, h / 4), 32).size == (32, 32)  # whole, it decodes
 
 
 def test_garbage_after_the_header_is_a_decode_error(photos):
@@ -128,13 +142,33 @@ def test_a_cmyk_jpeg_is_left_to_pillow(photos):
 
     buf = io.BytesIO()
     Image.open(io.BytesIO(photos[0][1])).convert("CMYK").save(buf, format="JPEG")
-    fast, pil = both_paths(buf.getvalue())
-    assert isinstance(fast, Image.Image) and np.array_equal(np.asarray(fast), pil)
+    fast, pil, decoded = both_paths(buf.getvalue())
+    assert not decoded and np.array_equal(fast, pil)
 
 
 def test_without_the_decoder_the_crop_is_pillows(photos, monkeypatch):
+    monkeypatch.setattr(fastjpeg, "_jpegcrop", None)
+    fast, pil, decoded = both_paths(photos[0][1])
+    assert not decoded and np.array_equal(fast, pil)
+
+
+@pytest.mark.parametrize("size", [(224, 224), (33, 17), (3, 5), (1, 1)], ids=str)
+def test_a_pil_rgb_image_is_packed_into_a_slot_row_with_numpys_pixels(size):
     from PIL import Image
 
-    monkeypatch.setattr(fastjpeg, "_jpegcrop", None)
-    fast, pil = both_paths(photos[0][1])
-    assert isinstance(fast, Image.Image) and np.array_equal(np.asarray(fast), pil)
+    pixels = np.random.default_rng(sum(size)).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    slot = np.zeros((3, size[1], size[0], 3), np.uint8)
+    assert fastjpeg.pack_into(Image.fromarray(pixels), slot[1])
+    assert np.array_equal(slot[1], pixels) and not slot[0].any() and not slot[2].any()
+
+
+def test_what_cannot_be_packed_in_one_pass_is_left_untouched_for_numpys_copy():
+    from PIL import Image
+
+    rgb = Image.new("RGB", (8, 6), (1, 2, 3))
+    for img, out in [(rgb.convert("L"), np.zeros((6, 8, 3), np.uint8)),  # another mode
+                     (rgb.convert("RGBA"), np.zeros((6, 8, 3), np.uint8)),
+                     (rgb, np.zeros((6, 9, 3), np.uint8)),  # another size
+                     (rgb, np.zeros((6, 8, 3), np.float32)),  # another dtype
+                     (rgb, np.zeros((6, 16, 3), np.uint8)[:, ::2])]:  # not contiguous
+        assert not fastjpeg.pack_into(img, out) and not out.any()

@@ -73,9 +73,9 @@ class Unsupported(Exception):
 
 
 def crop_resize(data: Any, box: tuple[float, float, float, float], size: int, m: int = 8,
-                flip: bool = False) -> np.ndarray:
+                flip: bool = False) -> Any:
     """The box of the JPEG ``data`` decoded at m/8 and resized to ``size`` x ``size`` by Pillow's BILINEAR:
-    an HWC uint8 array."""
+    a PIL RGB image, which the batch slot packs in one pass (``pack_into``)."""
     if _jpegcrop is None:
         raise Unsupported(f"the _jpegcrop extension is not built ({_missing})")
     from PIL import Image
@@ -86,11 +86,33 @@ def crop_resize(data: Any, box: tuple[float, float, float, float], size: int, m:
         raise Unsupported(str(exc)) from None
     except _jpegcrop.Error as exc:
         raise DecodeError(f"not a readable JPEG: {exc}") from None
-    # RGBX, as Pillow holds RGB: the image is made on the decoder's buffer, not copied into one
-    out = Image.frombuffer("RGBX", region, rgbx, "raw", "RGBX", 0, 1).resize(
-        (size, size), Image.Resampling.BILINEAR, box=inner)
-    if flip:
-        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    # packed to RGB by Pillow: contiguous, so the batch slot's copy is a memcpy (a strided [:, :, :3] view of
-    # the RGBX took numpy 220 us to copy, the decoder's whole gain)
-    return np.frombuffer(bytearray(out.tobytes("raw", "RGB")), np.uint8).reshape(size, size, 3)  # writable
+    # RGBX, as Pillow holds RGB: the image is made on the decoder's buffer, not copied into one, and read as
+    # RGB in place (the same 4 bytes a pixel), so the resize makes an RGB image (a convert after it: a pass more)
+    src = Image.frombuffer("RGBX", region, rgbx, "raw", "RGBX", 0, 1)
+    try:
+        src.im.setmode("RGB")
+    except (AttributeError, ValueError):  # a Pillow without it: converted after the resize
+        pass
+    out = src.resize((size, size), Image.Resampling.BILINEAR, box=inner)
+    if out.mode != "RGB":
+        out = out.convert("RGB")
+    return out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else out
+
+
+def pack_into(img: Any, out: np.ndarray) -> bool:
+    """Write the PIL RGB image ``img`` into ``out`` (height x width x 3 uint8, C-contiguous) in one pass.
+
+    numpy's way (``np.asarray(img)``, then a copy into the slot) packs the pixels into a bytes object first:
+    two passes over them. False, having written nothing, where this one does not apply (another mode or
+    layout, the extension not built): the caller copies as before.
+    """
+    if _jpegcrop is None or getattr(img, "mode", None) != "RGB" or not hasattr(img, "getim"):
+        return False
+    width, height = img.size
+    if out.shape != (height, width, 3) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        return False
+    try:
+        _jpegcrop.pack_rgb(img.getim(), width, height, out)
+    except _jpegcrop.Unsupported:
+        return False
+    return True

@@ -55,10 +55,9 @@ class RandomResizedCrop:
     The box is drawn from the image's size, which the JPEG header gives before any pixel is
     decoded. With the ``_jpegcrop`` extension built (``feedline doctor`` says), a JPEG is then
     decoded only where the box and the filter need it, at the DCT scale Pillow's draft mode would
-    pick, and resized with Pillow's BILINEAR arithmetic: the result is an HWC uint8 array, what the
-    batch slot holds. Without it (or with ``fast=False``, or for CMYK and other images) Pillow
-    decodes, in draft mode, and the result is a PIL image. Either way the same seed draws the same
-    box and flip.
+    pick, and resized with Pillow's BILINEAR arithmetic. Without it (or with ``fast=False``, or for
+    CMYK and other images) Pillow decodes, in draft mode. Either way the result is a PIL RGB image
+    (which the batch slot packs in one pass), and the same seed draws the same box and flip.
     """
 
     def __init__(

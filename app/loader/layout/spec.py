@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ...formats import fastjpeg
 from ...formats.decoders import JSON_EXTENSIONS, TREE_EXTENSIONS, format_of
 
 LENGTH_SUFFIX = "_len"
@@ -106,6 +107,10 @@ def as_array(value: Any, image_mode: str = "RGB") -> np.ndarray:
     raise TypeError(f"a {type(value).__name__} cannot go into a tensor; convert it in your transform")
 
 
+def _is_pil(value: Any) -> bool:
+    return hasattr(value, "getbands") and hasattr(value, "getim")
+
+
 def _image_mode(field: Field) -> str:
     if len(field.shape) == 2:
         return "L"
@@ -117,6 +122,8 @@ def _image_mode(field: Field) -> str:
 def fill(field: Field, dst: np.ndarray, value: Any, lengths: np.ndarray | None, i: int) -> int:
     """Write one sample's value into row ``i`` of the field's slot array; returns bytes written."""
     try:
+        if not field.variable and _is_pil(value) and fastjpeg.pack_into(value, dst[i]):  # a PIL RGB image: one pass
+            return field.nbytes
         arr = as_array(value, _image_mode(field))
     except TypeError as exc:
         raise SampleRejected("shape_mismatch", f"field {field.name!r}: {exc}") from None
