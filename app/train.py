@@ -267,15 +267,17 @@ def _leave_workers_their_cpus(loader: StagingLoader, job: Job) -> None:
 
     With as many intra-op threads as cores and the workers busy on them, each step waits on threads that
     are not running: the demo model's step (batch 4) took 130 ms that way beside one busy core, under 1 ms
-    on one thread. ``OMP_NUM_THREADS`` (or ``torch.set_num_threads`` before ``train``) is left as given.
+    on one thread. The workers counted are those the loader starts with (``auto`` adds more only while the
+    loop waits for data, when the step is not what is slow). Left alone: ``OMP_NUM_THREADS`` set (torchrun
+    sets it to 1), and ``device_decode``, whose decoding runs in this process.
     """
-    if os.environ.get("OMP_NUM_THREADS"):
+    if os.environ.get("OMP_NUM_THREADS") or loader.settings.device_decode is not None:
         return
-    cpus, _ = usable_cpus()
-    threads = max(1, cpus // max(1, job.local_world) - loader.most_workers)
+    cpus = usable_cpus()[0] // max(1, job.local_world)
+    threads = max(1, cpus - loader.workers)
     if threads < torch.get_num_threads():
         log.info("torch intra-op threads: %d (%d CPU(s) for this rank, %d decode worker(s); set OMP_NUM_THREADS to "
-                 "choose)", threads, cpus // max(1, job.local_world), loader.most_workers)
+                 "choose)", threads, cpus, loader.workers)
         torch.set_num_threads(threads)
 
 

@@ -97,29 +97,44 @@ def test_demo_training_job_runs_and_writes_its_summary(tmp_path, extra):
     assert doc["loader"]["samples_total"] == 160
     assert 0.0 <= doc["loader"]["gpu_starvation_ratio"] <= 1.0
     assert "starvation" in out.stderr and "samples/s" in out.stderr
-    assert "torch intra-op threads: 1 (" in out.stderr  # auto leaves the step one CPU: its workers have the rest
+    if not extra and "OMP_NUM_THREADS" not in os.environ and len(os.sched_getaffinity(0)) > 1:
+        assert re.search(r"torch intra-op threads: \d+ \(", out.stderr)  # the step leaves its workers their CPUs
+    if extra:
+        assert "torch intra-op threads" not in out.stderr  # device decode decodes in the trainer: threads stay
 
 
-def test_the_demo_steps_thread_count_is_left_alone_when_omp_num_threads_is_set(monkeypatch):
+def _step_threads_after(monkeypatch, workers, cpus=4, device_decode=None, omp=None):
+    """torch's intra-op threads after the demo job's choice, from 8, for a loader starting ``workers``."""
     import types
 
     import torch
 
+    import feedline.train as train
     from feedline.distributed import Job
-    from feedline.train import _leave_workers_their_cpus
 
+    monkeypatch.setattr(train, "usable_cpus", lambda: (cpus, "test"))
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    loader = types.SimpleNamespace(workers=workers, settings=types.SimpleNamespace(device_decode=device_decode))
     before = torch.get_num_threads()
-    loader = types.SimpleNamespace(most_workers=64)  # more workers than CPUs: the step would get one thread
     try:
-        torch.set_num_threads(2)
-        monkeypatch.setenv("OMP_NUM_THREADS", "2")
-        _leave_workers_their_cpus(loader, Job())
-        assert torch.get_num_threads() == 2
-        monkeypatch.delenv("OMP_NUM_THREADS")
-        _leave_workers_their_cpus(loader, Job())
-        assert torch.get_num_threads() == 1
+        torch.set_num_threads(8)
+        train._leave_workers_their_cpus(loader, Job())
+        return torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_demo_step_gets_the_cpus_its_workers_leave_and_at_least_one(monkeypatch):
+    assert _step_threads_after(monkeypatch, workers=1) == 3
+    assert _step_threads_after(monkeypatch, workers=6) == 1
+
+
+def test_the_demo_steps_threads_are_left_alone_under_omp_num_threads_or_device_decode(monkeypatch):
+    assert _step_threads_after(monkeypatch, workers=1, omp="2") == 8
+    assert _step_threads_after(monkeypatch, workers=1, device_decode=object()) == 8
 
 
 def test_cli_refuses_a_bad_setting_naming_it(tmp_path):

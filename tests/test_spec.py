@@ -59,6 +59,27 @@ def test_a_tree_with_an_object_of_its_own_class_is_rejected_naming_the_class():
         encode(Field("meta", "tree"), [np.array([None])])
 
 
+def test_a_bytes_field_given_a_pil_image_holds_its_pixels():
+    from PIL import Image
+
+    from feedline.loader.layout.side import encode
+
+    pixels = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    assert encode(Field("jpg", "bytes"), Image.fromarray(pixels)) == pixels.tobytes()
+
+
+def test_a_pil_rgb_image_and_its_array_fill_a_slot_row_alike():
+    from PIL import Image
+
+    pixels = np.random.default_rng(3).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    field = Field("jpg", "uint8", (5, 7, 3))
+    a, b = np.zeros((2, 5, 7, 3), np.uint8), np.zeros((2, 5, 7, 3), np.uint8)
+    assert fill(field, a, Image.fromarray(pixels), None, 1) == fill(field, b, pixels, None, 1) == pixels.nbytes
+    assert np.array_equal(a, b) and np.array_equal(a[1], pixels)
+    with pytest.raises(SampleRejected, match="shape"):  # another size: refused, as an array of it is
+        fill(field, a, Image.fromarray(pixels[:, :6]), None, 0)
+
+
 def test_a_value_that_cannot_be_a_tensor_or_json_needs_a_spec():
     with pytest.raises(ValueError, match="'obj'"):
         Spec.infer({"obj": object()})

@@ -17,8 +17,8 @@
  * pack_rgb(capsule, width, height, out) writes a Pillow RGB image (its Image.getim() capsule) into
  * ``out`` as packed RGB rows: the batch slot gets the resize's pixels in one pass,
  * where tobytes() then a copy into the slot took two. Pillow holds RGB as 4 bytes a pixel in rows it
- * points to (its ImagingMemoryInstance, whose first fields below have kept their places since Pillow
- * 11); the fields are checked against the image's known size before any is used, and anything else
+ * points to (its ImagingMemoryInstance: the first fields below are Pillow 12's; earlier versions began
+ * with a char mode[7] and fail the checks); the fields are checked against the image's known size before any is used, and anything else
  * raises _jpegcrop.Unsupported: the caller then copies through Pillow.
  */
 #define PY_SSIZE_T_CLEAN
@@ -217,7 +217,7 @@ static PyObject *decode_box(PyObject *self, PyObject *args) {
     return NULL;
 }
 
-/* The leading fields of Pillow's ImagingMemoryInstance (libImaging/Imaging.h, Pillow 11 and 12). */
+/* The leading fields of Pillow 12's ImagingMemoryInstance (libImaging/Imaging.h; pillow-simd 12.1.1). */
 struct pillow_imaging {
     int mode, type, depth, bands, xsize, ysize;
     void *palette;
@@ -253,7 +253,7 @@ static PyObject *pack_rgb(PyObject *self, PyObject *args) {
     for (int y = 0; y < height; y++) {
         const unsigned char *row = (const unsigned char *)im->image[y];
         int x = 0;
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
         /* four RGBX pixels (two words: R0 G0 B0 X0 R1 G1 B1 X1, R2 ... X3) become 12 bytes of RGB, in registers
          * (stores to a small array then a wider load stalled the store forwarding: five times slower) */
         for (; x + 4 <= width; x += 4, row += 16, o += 12) {

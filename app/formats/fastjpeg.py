@@ -106,13 +106,15 @@ def pack_into(img: Any, out: np.ndarray) -> bool:
     two passes over them. False, having written nothing, where this one does not apply (another mode or
     layout, the extension not built): the caller copies as before.
     """
-    if _jpegcrop is None or getattr(img, "mode", None) != "RGB" or not hasattr(img, "getim"):
+    pack = getattr(_jpegcrop, "pack_rgb", None)  # None: not built, or built before it had pack_rgb
+    if pack is None or getattr(img, "mode", None) != "RGB" or not hasattr(img, "getim"):
         return False
     width, height = img.size
-    if out.shape != (height, width, 3) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+    if (width < 1 or height < 1 or out.shape != (height, width, 3) or out.dtype != np.uint8
+            or not out.flags.c_contiguous):
         return False
     try:
-        _jpegcrop.pack_rgb(img.getim(), width, height, out)
+        pack(img.getim(), width, height, out)
     except _jpegcrop.Unsupported:
         return False
     return True

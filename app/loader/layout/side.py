@@ -47,6 +47,8 @@ def encode(field: Field, value: Any) -> bytes:
                                                    f"transform") from None
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
+    if hasattr(value, "getbands") and hasattr(value, "tobytes"):  # a PIL image (RandomResizedCrop's): its pixels
+        value = np.asarray(value)
     if isinstance(value, np.ndarray) and value.dtype == np.uint8:
         return value.tobytes()
     raise SampleRejected("shape_mismatch", f"field {field.name!r} is bytes but holds a {type(value).__name__}")
