@@ -29,8 +29,8 @@ from .keytrace import KeyTrace
 from .formats.transforms import RandomResizedCrop
 from .loader.plan.resume import RANKS_FORMAT
 from .loader.settings import DeviceDecode
-from .loader.tune.autotune import usable_cpus
 from .loader.stats import LoaderStats
+from .loader.tune.autotune import usable_cpus
 
 log = logging.getLogger("feedline.train")
 
