@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import tree
-from .spec import Field, SampleRejected
+from .spec import Field, SampleRejected, is_pil_image
 
 KEY = Field("__key__", "text")  # every batch has the keys of its samples
 SOURCE = Field("__source__", "text")  # a mixture's batches: each sample's source, by its name
@@ -47,7 +47,7 @@ def encode(field: Field, value: Any) -> bytes:
                                                    f"transform") from None
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
-    if hasattr(value, "getbands") and hasattr(value, "tobytes"):  # a PIL image (RandomResizedCrop's): its pixels
+    if is_pil_image(value):  # RandomResizedCrop's output: its pixels
         value = np.asarray(value)
     if isinstance(value, np.ndarray) and value.dtype == np.uint8:
         return value.tobytes()

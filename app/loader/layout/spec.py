@@ -88,6 +88,11 @@ class Field:
                 "source": self.source, "variable": self.variable}
 
 
+def is_pil_image(value: Any) -> bool:
+    """A PIL image, without importing PIL."""
+    return hasattr(value, "getbands") and hasattr(value, "size")
+
+
 def as_array(value: Any, image_mode: str = "RGB") -> np.ndarray:
     """The array form of a decoded/transformed value; raises TypeError for the unrepresentable."""
     if isinstance(value, np.ndarray):
@@ -98,17 +103,13 @@ def as_array(value: Any, image_mode: str = "RGB") -> np.ndarray:
         return np.frombuffer(value.encode("utf-8"), dtype=np.uint8)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return np.frombuffer(value, dtype=np.uint8)
-    if hasattr(value, "getbands") and hasattr(value, "size"):  # a PIL image
+    if is_pil_image(value):
         if value.mode != image_mode:
             value = value.convert(image_mode)
         return np.asarray(value)
     if hasattr(value, "numpy") and hasattr(value, "detach"):  # a torch tensor
         return value.detach().cpu().numpy()
     raise TypeError(f"a {type(value).__name__} cannot go into a tensor; convert it in your transform")
-
-
-def _is_pil(value: Any) -> bool:
-    return hasattr(value, "getbands") and hasattr(value, "getim")
 
 
 def _image_mode(field: Field) -> str:
@@ -122,7 +123,7 @@ def _image_mode(field: Field) -> str:
 def fill(field: Field, dst: np.ndarray, value: Any, lengths: np.ndarray | None, i: int) -> int:
     """Write one sample's value into row ``i`` of the field's slot array; returns bytes written."""
     try:
-        if not field.variable and _is_pil(value) and fastjpeg.pack_into(value, dst[i]):  # a PIL RGB image: one pass
+        if not field.variable and fastjpeg.pack_into(value, dst[i]):  # a PIL RGB image: one pass
             return field.nbytes
         arr = as_array(value, _image_mode(field))
     except TypeError as exc:
