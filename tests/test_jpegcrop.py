@@ -172,3 +172,21 @@ def test_what_cannot_be_packed_in_one_pass_is_left_untouched_for_numpys_copy():
                      (rgb, np.zeros((6, 8, 3), np.float32)),  # another dtype
                      (rgb, np.zeros((6, 16, 3), np.uint8)[:, ::2])]:  # not contiguous
         assert not fastjpeg.pack_into(img, out) and not out.any()
+
+
+@pytest.mark.parametrize("size", [(224, 224), (33, 17), (2, 3), (1, 1)], ids=str)
+def test_a_crop_is_mirrored_in_place_with_pillows_pixels(size):
+    from PIL import Image
+
+    pixels = np.random.default_rng(sum(size)).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    want = np.asarray(Image.fromarray(pixels).transpose(Image.Transpose.FLIP_LEFT_RIGHT))
+    img = Image.fromarray(pixels)
+    assert fastjpeg._flip(img) is img and np.array_equal(np.asarray(img), want)
+
+
+def test_an_image_not_of_the_crops_layout_is_mirrored_by_pillow():
+    from PIL import Image
+
+    grey = Image.fromarray(np.arange(12, dtype=np.uint8).reshape(3, 4))
+    flipped = fastjpeg._flip(grey)
+    assert flipped is not grey and np.array_equal(np.asarray(flipped), np.asarray(grey)[:, ::-1])

@@ -26,6 +26,12 @@ PEER_NOTE = ("Mosaic Streaming (mosaicml-streaming 0.13.0: `MDSWriter`, then its
              "from `.venv-peers` (`scripts/setup-peers`: their pins, numpy < 2.2 and torchvision, stay out of "
              "`.venv`).")
 
+SINGLE_CORE_NOTE = ("The two \"1 core\" rows, draft and crop decoder, are one process a round: decode + "
+                    "RandomResizedCrop + the write into a batch slot, in this process, the two paths taking turns "
+                    "of 0.25 s over the same photos and boxes (the crop decoder's target is the median of the "
+                    "rounds' ratios). Pillow's draft path can run at one of two speeds in a process, its rounds then "
+                    "in two clusters (see docs/benchmarking.md); the crop decoder's do not.")
+
 
 def _peer_targets(rows: dict[str, Any], workload: str, metric: str,
                   least: dict[str, float]) -> list[dict[str, Any]]:
@@ -221,6 +227,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
             lines.append("")
             if any(name in rows for name in PEER_NOTE_ROWS):
                 lines += [PEER_NOTE, ""]
+            if rows.get("1 core, crop decoder", {}).get("turns"):
+                lines += [SINGLE_CORE_NOTE, ""]
         if r.get("scaling"):
             sc = r["scaling"]
             lines += [f"### JPEG decode scaling ({sc['cpus']} CPUs)", "",

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-METRICS = ("samples_per_s", "mb_per_s", "main_cpu_pct", "starvation")
+METRICS = ("samples_per_s", "mb_per_s", "main_cpu_pct", "starvation", "draft_samples_per_s")
 
 
 @dataclass(frozen=True)

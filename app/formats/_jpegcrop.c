@@ -229,21 +229,30 @@ struct pillow_imaging {
     int pixelsize, linesize;
 };
 
+/* The Pillow image of pack_rgb's layout, or NULL with Unsupported set. */
+static const struct pillow_imaging *rgb_image(PyObject *capsule, int width, int height) {
+    const struct pillow_imaging *im = NULL;
+    if (PyCapsule_IsValid(capsule, "Pillow Imaging")) im = PyCapsule_GetPointer(capsule, "Pillow Imaging");
+    if (im == NULL || im->xsize != width || im->ysize != height || im->bands != 3 || im->pixelsize != 4 ||
+        im->linesize != width * 4 || im->image == NULL || width < 1 || height < 1) {
+        PyErr_Clear();
+        PyErr_SetString(Unsupported, "not a Pillow RGB image of this layout");
+        return NULL;
+    }
+    return im;
+}
+
 static PyObject *pack_rgb(PyObject *self, PyObject *args) {
     PyObject *capsule;
     int width, height;
     Py_buffer out;
     if (!PyArg_ParseTuple(args, "Oiiw*", &capsule, &width, &height, &out)) return NULL;
-    const struct pillow_imaging *im = NULL;
-    if (PyCapsule_IsValid(capsule, "Pillow Imaging")) im = PyCapsule_GetPointer(capsule, "Pillow Imaging");
-    if (im == NULL || im->xsize != width || im->ysize != height || im->bands != 3 || im->pixelsize != 4 ||
-        im->linesize != width * 4 || im->image == NULL) {
-        PyErr_Clear();
+    const struct pillow_imaging *im = rgb_image(capsule, width, height);
+    if (im == NULL) {
         PyBuffer_Release(&out);
-        PyErr_SetString(Unsupported, "not a Pillow RGB image of this layout");
         return NULL;
     }
-    if (width < 1 || height < 1 || out.len != (Py_ssize_t)width * height * 3 || !PyBuffer_IsContiguous(&out, 'C')) {
+    if (out.len != (Py_ssize_t)width * height * 3 || !PyBuffer_IsContiguous(&out, 'C')) {
         PyBuffer_Release(&out);
         PyErr_SetString(PyExc_ValueError, "out must be a contiguous buffer of width * height * 3 bytes");
         return NULL;
@@ -277,9 +286,30 @@ static PyObject *pack_rgb(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *flip_rgb(PyObject *self, PyObject *args) {
+    PyObject *capsule;
+    int width, height;
+    if (!PyArg_ParseTuple(args, "Oii", &capsule, &width, &height)) return NULL;
+    const struct pillow_imaging *im = rgb_image(capsule, width, height);
+    if (im == NULL) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    for (int y = 0; y < height; y++) {
+        uint32_t *l = (uint32_t *)(void *)im->image[y], *r = l + width - 1; /* Pillow aligns its rows */
+        for (; l < r; l++, r--) {
+            const uint32_t t = *l;
+            *l = *r;
+            *r = t;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"pack_rgb", pack_rgb, METH_VARARGS,
      "pack_rgb(capsule, width, height, out): a Pillow RGB image (Image.getim()) written into out as packed RGB rows"},
+    {"flip_rgb", flip_rgb, METH_VARARGS,
+     "flip_rgb(capsule, width, height): a Pillow RGB image (Image.getim()) mirrored left to right in place"},
     {"decode_box", decode_box, METH_VARARGS,
      "decode_box(data, out_w, out_h, x0, y0, x1, y1, m) -> (rgb bytes, (width, height), box): the part of the JPEG "
      "that Pillow's BILINEAR resize of the box (full-size pixels) to out_w x out_h reads, decoded at m/8, and the "
