@@ -75,3 +75,27 @@ def fmt_ratio(r: tuple[float, float, float], digits: int = 2) -> str:
     """``2.07x (1.95-2.20)``; without a range where there was one round."""
     med, lo, hi = r
     return f"{med:.{digits}f}x" + (f" ({lo:.{digits}f}-{hi:.{digits}f})" if hi > lo else "")
+
+
+AGAINST_DRAFT = "1 core: the crop decoder and Pillow's draft decode in turns"
+
+
+def split_against_draft(rows: dict[str, Any]) -> dict[str, Any]:
+    """The turns row as its two rows, "1 core, draft" and "1 core, crop decoder", in its place: each round of
+    the two measured in the same process, in alternating slices (their ratio is the per-core target's)."""
+    if AGAINST_DRAFT not in rows:
+        return rows
+    out: dict[str, Any] = {}
+    for name, row in rows.items():
+        if name != AGAINST_DRAFT:
+            out[name] = row
+            continue
+        crop = {k: v for k, v in row.items() if k not in ("draft_samples_per_s", "range", "rounds")}
+        crop["turns"] = True  # both rows measured in one process a round
+        crop["range"] = {k: v for k, v in row["range"].items() if k != "draft_samples_per_s"}
+        crop["rounds"] = [{k: v for k, v in r.items() if k != "draft_samples_per_s"} for r in row["rounds"]]
+        draft = {**crop, "crop_decoder": False, "samples_per_s": row["draft_samples_per_s"],
+                 "range": {"samples_per_s": row["range"]["draft_samples_per_s"]},
+                 "rounds": [{"samples_per_s": r["draft_samples_per_s"]} for r in row["rounds"]]}
+        out["1 core, draft"], out["1 core, crop decoder"] = draft, crop
+    return out

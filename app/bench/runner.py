@@ -24,7 +24,7 @@ from ..config import parse_size
 from ..demo.datasets import make_dataset
 from ..preflight import pil_is_simd
 from .report import CEILING, render_markdown, targets
-from .rounds import Contender, interleaved
+from .rounds import AGAINST_DRAFT, Contender, interleaved, split_against_draft
 from .shm import remove_orphaned_torch_shm, torch_shm
 
 log = logging.getLogger("feedline.bench")
@@ -268,30 +268,6 @@ def _contenders(workload: str, shards: str, args: argparse.Namespace, peers: str
                        c("webdataset + DataLoader (stock Pillow)", "webdataset", stock=True), *others,
                        c(AGAINST_DRAFT, "single-core", "--against-draft", seconds=single),
                        c("1 core, stock Pillow, no draft", "single-core", "--no-draft", stock=True, seconds=single)]
-
-
-AGAINST_DRAFT = "1 core: the crop decoder and Pillow's draft decode in turns"
-
-
-def split_against_draft(rows: dict[str, Any]) -> dict[str, Any]:
-    """The turns row as its two rows, "1 core, draft" and "1 core, crop decoder", in its place: each round of
-    the two measured in the same process, in alternating slices (their ratio is the per-core target's)."""
-    if AGAINST_DRAFT not in rows:
-        return rows
-    out: dict[str, Any] = {}
-    for name, row in rows.items():
-        if name != AGAINST_DRAFT:
-            out[name] = row
-            continue
-        crop = {k: v for k, v in row.items() if k not in ("draft_samples_per_s", "range", "rounds")}
-        crop["turns"] = True  # both rows measured in one process a round
-        crop["range"] = {k: v for k, v in row["range"].items() if k != "draft_samples_per_s"}
-        crop["rounds"] = [{k: v for k, v in r.items() if k != "draft_samples_per_s"} for r in row["rounds"]]
-        draft = {**crop, "crop_decoder": False, "samples_per_s": row["draft_samples_per_s"],
-                 "range": {"samples_per_s": row["range"]["draft_samples_per_s"]},
-                 "rounds": [{"samples_per_s": r["draft_samples_per_s"]} for r in row["rounds"]]}
-        out["1 core, draft"], out["1 core, crop decoder"] = draft, crop
-    return out
 
 
 def _scaling_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
