@@ -135,6 +135,11 @@ class TrainSummary:
         }
 
 
+# An image and its label: tar members .jpg/.cls, or TFRecord features as TensorFlow's ImageNet scripts name them
+# (image/encoded, image/class/label) or as TFDS does (image, label)
+DEMO_FIELDS = {"jpg": "jpg;jpeg;image/encoded;image", "cls": "cls;image/class/label;label"}
+
+
 def build_loader(cfg: Config, job: Job = Job()) -> StagingLoader:
     """The demo's loader: random-resized crops of the JPEGs and their labels; metrics on 9102 (+ LOCAL_RANK)."""
     if cfg.device_decode:  # the same crops, made where the batch lands from the compressed bytes
@@ -144,7 +149,7 @@ def build_loader(cfg: Config, job: Job = Job()) -> StagingLoader:
             metrics_addr=cfg.metrics_addr)
     return StagingLoader.from_settings(
         cfg.loader_settings(), **cfg.loader_source(), transform=RandomResizedCrop(cfg.image_size, fields=["jpg"]),
-        spec={"jpg": ("uint8", (cfg.image_size, cfg.image_size, 3)), "cls": "int64"},
+        fields=DEMO_FIELDS, spec={"jpg": ("uint8", (cfg.image_size, cfg.image_size, 3)), "cls": "int64"},
         metrics_port=cfg.trainer_port(job.local_rank), metrics_addr=cfg.metrics_addr)
 
 

@@ -1,4 +1,5 @@
-"""Compressed shards (``.tar.gz``, ``.tgz``, ``.tar.zst``) become plain tars once, so workers can mmap them.
+"""Compressed shards (``.tar.gz``, ``.tgz``, ``.tar.zst``, ``.tfrecord.gz``) become plain files once, so workers
+can mmap them.
 
 A worker slices members out of a mapped shard by offset; a compressed stream has
 no offsets to slice. So a compressed shard is decompressed once — by the sampler
@@ -18,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import IO
 
 from .files import TMP_MARK, fsync_dir
-from .shard_index import ShardError, build_index, write_index
-from .urls import compression, shard_stem
+from .shard_index import ShardError, build_index, index_path, write_index
+from .urls import compression, plain_suffix, shard_stem
 
 log = logging.getLogger("feedline.formats")
 
@@ -94,6 +95,8 @@ class Inflator:
     def target(self, src: str) -> str:
         st = os.stat(src)
         digest = hashlib.sha1(f"{os.path.abspath(src)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+        if plain_suffix(src) == ".tfrecord":  # its records' keys carry its name: the copy keeps it, in a folder
+            return os.path.join(self.directory, digest, f"{shard_stem(src)}.tfrecord")
         return os.path.join(self.directory, f"{shard_stem(src)}-{digest}.tar")
 
     def plain(self, shards: list[str]) -> list[str]:
@@ -123,11 +126,13 @@ class Inflator:
 
     def _make(self, src: str, dest: str) -> ShardError | None:
         tmp = f"{dest}{TMP_MARK}{os.getpid()}"
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
         try:
             decompress(src, tmp, compression(src) or "")
-            write_index(build_index(tmp), dest[: -len(".tar")] + ".idx")
+            index = build_index(tmp, fmt=src)
+            write_index(index, index_path(dest))
             os.replace(tmp, dest)
-            fsync_dir(self.directory)
+            fsync_dir(os.path.dirname(dest))
         except ShardError as exc:
             return exc
         finally:

@@ -255,12 +255,14 @@ class Decoder:
     def __init__(self, decode: bool | Mapping[str, DecodeFn] = True,
                  max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES):
         self.max_member_bytes = max_member_bytes
+        self._user: set[str] = set()  # the extensions decode= named
         defaults = default_decoders(max_member_bytes)
         if decode is False:
             self._table: dict[str, DecodeFn] = {}
         elif decode is True:
             self._table = defaults
         elif isinstance(decode, Mapping):
+            self._user = {k.lower().lstrip(".") for k in decode}
             self._table = {**defaults, **{k.lower().lstrip("."): v for k, v in decode.items()}}
         else:
             raise TypeError(
@@ -278,6 +280,11 @@ class Decoder:
             if exc.member is None:
                 exc.member = ext
             raise
+
+    def overrides(self, ext: str) -> bool:
+        """Whether ``decode=`` named ``ext`` (or was False: every member raw); a TFRecord feature is decoded
+        by the user's function for its name, never by a default that shares it."""
+        return ext in self._user or not self._table
 
     def function(self, ext: str) -> DecodeFn:
         """The decoder of an extension, in webdataset's order.

@@ -1,4 +1,4 @@
-"""The member index of one tar shard, grouped into WebDataset samples.
+"""The member index of one tar shard, grouped into WebDataset samples (a TFRecord file's: ``tfrecord.py``).
 
 Workers ``mmap`` a shard and slice members by offset; the index is what lets
 them do that without parsing tar headers on the hot path. It is built once per
@@ -9,16 +9,15 @@ JSON next to the shard as ``<id>.idx`` for ``<id>.tar`` — never pickled.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 
+from . import tfrecord
 from .files import atomic_write
+from .sample_index import Sample, ShardError, ShardIndex
 
-INDEX_VERSION = 1
 INDEX_SUFFIX = ".idx"
 
 # webdataset's rules (tariterators.base_plus_ext, tar_file_iterator), to the letter: the key is the
@@ -26,56 +25,6 @@ INDEX_SUFFIX = ".idx"
 # extension, lowercased. Top-level "__name__" members and paths starting "__...__/" are metadata.
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META = re.compile(r"__[^/]*__($|/)")
-
-
-class ShardError(Exception):
-    """A shard that cannot be read at all (not a tar, truncated, unreadable)."""
-
-    def __init__(self, path: str, reason: str):
-        super().__init__(f"shard {path}: {reason}")
-        self.path = path
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One sample: its key and, per field extension, the member's (offset, size)."""
-
-    key: str
-    fields: dict[str, tuple[int, int]]
-
-
-@dataclass(frozen=True)
-class ShardIndex:
-    """Every sample of a shard with its members' offsets: what lets workers slice an mmap."""
-
-    path: str
-    shard_bytes: int
-    samples: list[Sample]
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "version": INDEX_VERSION,
-                "shard_bytes": self.shard_bytes,
-                "samples": [
-                    [s.key, [[ext, off, size] for ext, (off, size) in s.fields.items()]]
-                    for s in self.samples
-                ],
-            },
-            separators=(",", ":"),
-        )
-
-    @classmethod
-    def from_json(cls, path: str, text: str) -> "ShardIndex":
-        doc = json.loads(text)
-        if doc.get("version") != INDEX_VERSION:
-            raise ValueError(f"unsupported index version {doc.get('version')!r}")
-        samples = [
-            Sample(key, {ext: (int(off), int(size)) for ext, off, size in fields})
-            for key, fields in doc["samples"]
-        ]
-        return cls(path, int(doc["shard_bytes"]), samples)
 
 
 def split_key(name: str) -> tuple[str, str] | None:
@@ -99,12 +48,16 @@ def _open_tar(path: str, fd: int | None) -> Iterator[tarfile.TarFile]:
         yield tar
 
 
-def build_index(path: str, fd: int | None = None) -> ShardIndex:
-    """Scan the tar headers of ``path`` (ustar, GNU and pax all read the same).
+def build_index(path: str, fd: int | None = None, fmt: str | None = None) -> ShardIndex:
+    """Scan the tar headers of ``path`` (ustar, GNU and pax all read the same), or a TFRecord file's record
+    headers (``tfrecord.py``): the name's suffix, or ``fmt``'s (the shard a plain copy was made from), says
+    which.
 
     With ``fd``, an already open descriptor of it is read: the file may have been
     unlinked (evicted) since, and still reads whole.
     """
+    if tfrecord.is_tfrecord(fmt or path):
+        return tfrecord.build_index(path, fd, fmt)
     try:
         shard_bytes = os.fstat(fd).st_size if fd is not None else os.stat(path).st_size
     except OSError as exc:

@@ -5,7 +5,8 @@
 - several lists join with ``::`` (webdataset's convention);
 - ``file://`` URLs are local paths;
 - a name is a **shard** when its path, before any ``?query``, ends in a shard suffix (``.tar``,
-  ``.tar.gz``, ``.tgz``, ``.tar.zst``); an **index file** when it ends in an index suffix
+  ``.tar.gz``, ``.tgz``, ``.tar.zst``; TFRecord files: ``.tfrecord``, ``.tfrecords``, either ``.gz``,
+  and TFDS's ``<name>.tfrecord-00000-of-00016``); an **index file** when it ends in an index suffix
   (``.txt``, ``.lst``, ``.list``, ``.index``): one shard per line, optionally followed by its
   sha256 and size; anything else is refused with these rules named;
 - a local directory stands for the shards in it; a local glob for the shards it matches; an
@@ -23,10 +24,13 @@ from dataclasses import dataclass
 
 from braceexpand import braceexpand
 
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd")
+TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecords.gz")
+TFDS_NAME = re.compile(r"\.tfrecords?-\d+-of-\d+(\.gz)?$")  # TFDS's files: mnist-train.tfrecord-00000-of-00001
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd", *TFRECORD_SUFFIXES)
 INDEX_SUFFIXES = (".txt", ".lst", ".list", ".index")
 REMOTE_SCHEMES = ("http://", "https://", "s3://")
-RULES = (f"a shard ends in {', '.join(SHARD_SUFFIXES)} (before any ?query); an index file in "
+RULES = (f"a shard ends in {', '.join(SHARD_SUFFIXES)} (or is TFDS's <name>.tfrecord-00000-of-00016) "
+         f"(before any ?query); an index file in "
          f"{', '.join(INDEX_SUFFIXES)}; a local directory or glob stands for its shards")
 
 
@@ -69,7 +73,7 @@ def is_remote(name: str) -> bool:
 
 
 def is_shard(name: str) -> bool:
-    return url_path(name).lower().endswith(SHARD_SUFFIXES)
+    return url_path(name).lower().endswith(SHARD_SUFFIXES) or is_tfrecord(name)
 
 
 def is_index(name: str) -> bool:
@@ -79,11 +83,23 @@ def is_index(name: str) -> bool:
 def compression(name: str) -> str | None:
     """``gzip``, ``zstd`` or None for a shard name."""
     path = url_path(name).lower()
-    if path.endswith((".tar.gz", ".tgz")):
+    if path.endswith((".tar.gz", ".tgz")) or (path.endswith(".gz") and is_tfrecord(name)):
         return "gzip"
     if path.endswith((".tar.zst", ".tar.zstd")):
         return "zstd"
     return None
+
+
+def is_tfrecord(name: str) -> bool:
+    """A TFRecord file's name: ``.tfrecord``, ``.tfrecords``, either ``.gz``, or TFDS's
+    ``<name>.tfrecord-00000-of-00016``."""
+    path = url_path(name).lower()
+    return path.endswith(TFRECORD_SUFFIXES) or TFDS_NAME.search(path) is not None
+
+
+def plain_suffix(name: str) -> str:
+    """What the shard is once decompressed: ``.tfrecord`` for TFRecord files, else ``.tar``."""
+    return ".tfrecord" if is_tfrecord(name) else ".tar"
 
 
 def shard_stem(name: str) -> str:
@@ -93,6 +109,9 @@ def shard_stem(name: str) -> str:
         if base.lower().endswith(suffix):
             base = base[: -len(suffix)]
             break
+    else:
+        if base.lower().endswith(".gz") and TFDS_NAME.search(base.lower()):
+            base = base[: -len(".gz")]
     return re.sub(r"[^A-Za-z0-9._-]", "_", base) or "shard"
 
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -28,10 +29,14 @@ from ..formats.urls import (
     is_index,
     is_remote,
     is_shard,
+    is_tfrecord,
     local_shards,
     parse_index,
     shard_stem,
 )
+
+
+log = logging.getLogger("feedline.sampler")
 
 
 class SourceError(ValueError):
@@ -103,6 +108,13 @@ def list_shards(source: str, fetch_text: Callable[[str], str] | None = None,
         raise SourceError(f"source {source!r}: {exc}") from None
     if not entries:
         raise SourceError(f"source {source!r}: no shard found ({RULES})")
+    records = [e.url for e in entries if is_tfrecord(e.url)]
+    if records:
+        why = "the sidecar caches tar shards only: read TFRecord files with the loader's shards= (FEEDLINE_SHARDS)"
+        if len(records) == len(entries):
+            raise SourceError(f"source {source!r}: {records[0]} is a TFRecord file, and {why}")
+        log.warning("source %r: %d TFRecord file(s) left out (%s, ...): %s", source, len(records), records[0], why)
+        entries = [e for e in entries if not is_tfrecord(e.url)]
     unique = dict((e.url, e) for e in entries).values()
     entries = [IndexEntry(e.url, e.sha256, e.size if e.size is not None or is_remote(e.url)
                           or not os.path.exists(e.url) else os.path.getsize(e.url)) for e in unique]

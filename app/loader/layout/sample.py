@@ -8,9 +8,10 @@ it (the first present wins). Members nobody asked for are never decoded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from ...formats import tfrecord
 from ...formats.decoders import Decoder
 from ...formats.shard_index import Sample
 from .spec import SampleRejected
@@ -48,16 +49,16 @@ class FieldSelection:
             return "every member"
         return ", ".join(n if alts == (n,) else f"{n}={';'.join(alts)}" for n, alts in self.names.items())
 
-    def pick(self, ref: Sample, decode: Callable[[str, tuple[int, int]], Any]) -> dict[str, Any]:
+    def pick(self, present: Collection[str], decode: Callable[[str], Any]) -> dict[str, Any]:
         """{name: decoded member} for the selected fields; a missing one rejects the sample."""
         assert self.names is not None
         out = {}
         for name, alts in self.names.items():
-            ext = next((e for e in alts if e in ref.fields), None)
+            ext = next((e for e in alts if e in present), None)
             if ext is None:
                 raise SampleRejected("missing_field", f"has no member {' or '.join('.' + e for e in alts)} for "
-                                                      f"field {name!r} (it has {sorted(ref.fields)})")
-            out[name] = decode(ext, ref.fields[ext])
+                                                      f"field {name!r} (it has {sorted(present)})")
+            out[name] = decode(ext)
         return out
 
 
@@ -70,22 +71,31 @@ def load_sample(data: memoryview, path: str, ref: Sample, decoder: Decoder, sele
     ``source`` (a mixture) is the sample's source name, which the transform sees as ``__source__``.
     """
     read = 0
+    if tfrecord.is_tfrecord(path):  # a record: its features are the sample's fields
+        read = ref.fields[tfrecord.RECORD][1]
+        features = tfrecord.read_features(data, ref.fields[tfrecord.RECORD], decoder.max_member_bytes)
+        present: Collection[str] = features
 
-    def decode(ext: str, span: tuple[int, int]) -> Any:
-        nonlocal read
-        off, size = span
-        read += size
-        return decoder(ext, data[off : off + size])
+        def decode(name: str) -> Any:
+            return tfrecord.feature_value(name, features[name], decoder)
+    else:
+        present = ref.fields
+
+        def decode(ext: str) -> Any:
+            nonlocal read
+            off, size = ref.fields[ext]
+            read += size
+            return decoder(ext, data[off : off + size])
 
     sample: dict[str, Any] = {"__key__": ref.key, "__shard__": path}
     if source is not None:
         sample["__source__"] = source
     if selection.names is not None:
-        sample.update(selection.pick(ref, decode))
+        sample.update(selection.pick(present, decode))
     else:
-        for ext, span in ref.fields.items():
+        for ext in present:
             if wanted is None or ext in wanted:
-                sample[ext] = decode(ext, span)
+                sample[ext] = decode(ext)
     if transform is not None:
         sample = transform(sample)
         if not isinstance(sample, dict):

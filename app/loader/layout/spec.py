@@ -278,7 +278,7 @@ def infer_field(key: str, values: Sequence[Any], capacity: int = 0) -> Field:
     Strings become ``text``, bytes ``bytes``, JSON members and dicts/lists JSON carries ``json``,
     other nested values (msgpack, CBOR, ``.pth``, ``.npz``, ``.ten`` members, tuples, arrays inside) ``tree``;
     everything else must be an array of one dtype. Arrays of one shape make a fixed field;
-    1-D arrays of several lengths a variable one, with room for 1.25x the longest seen (or
+    1-D arrays of several lengths (and scalars among them, as one value: a TFRecord's lists) a variable one, with room for 1.25x the longest seen (or
     ``capacity``, the longest member the shard indexes know of), rounded up to a power of two.
     Images or arrays of several shapes cannot be batched: refused, with the fix named.
     """
@@ -301,8 +301,8 @@ def infer_field(key: str, values: Sequence[Any], capacity: int = 0) -> Field:
     shapes = sorted({a.shape for a in arrays})
     if len(shapes) == 1:
         return Field(key, arrays[0].dtype.str, shapes[0])
-    if all(len(sh) == 1 for sh in shapes) and not any(_is_image(v) for v in values):
-        longest = max(max(sh[0] for sh in shapes), capacity)
+    if all(len(sh) <= 1 for sh in shapes) and not any(_is_image(v) for v in values):  # a scalar: one value
+        longest = max(max(sh[0] if sh else 1 for sh in shapes), capacity)
         return Field(key, arrays[0].dtype.str, (next_pow2(max(64, int(longest * 1.25))),), variable=True)
     seen = ", ".join("x".join(map(str, sh)) for sh in shapes[:4])
     if any(_is_image(v) for v in values):

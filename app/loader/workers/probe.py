@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...errors import SettingError
+from ...formats import tfrecord
 from ...formats.decoders import Decoder, UnsafeMemberError
 from ...formats.shard_index import ShardError, load_index
 from ..layout.sample import FieldSelection, Transform, load_sample
@@ -46,6 +47,12 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
           transform: Transform | None) -> Probe:
     """Decode (and transform) the first samples of the first shards, as a worker would."""
     found = Probe()
+    records = next((p for p in shards if tfrecord.is_tfrecord(p)), None)
+    missing = tfrecord.missing_packages() if records else []
+    if missing:
+        raise SettingError("shards", f"{records} is a TFRecord file, and reading one needs {' and '.join(missing)}, "
+                                     f"which is not installed: pip install {' '.join(missing)} (feedline depends on "
+                                     f"it; an install with --no-deps leaves it out)")
     for path in sorted(shards)[:PROBE_SHARDS]:
         try:
             index = load_index(path)
@@ -60,7 +67,8 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
         if not refs:
             continue
         with open(path, "rb") as f:
-            data = memoryview(f.read(max(off + size for s in refs for off, size in s.fields.values())))
+            end = max(off + size for s in refs for off, size in s.fields.values())
+            data = memoryview(f.read(end + (tfrecord.TRAILER if tfrecord.is_tfrecord(path) else 0)))
         for ref in refs:
             try:
                 sample, _ = load_sample(data, path, ref, decoder, selection, wanted, transform, set())

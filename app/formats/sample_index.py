@@ -1,0 +1,62 @@
+"""What an index holds, whatever the shard's format: samples, each with its fields' (offset, size) in the file.
+
+``shard_index.py`` builds and stores it for tar shards, ``tfrecord.py`` for TFRecord files; the stream
+and the workers read it the same way. Stored as JSON, never pickled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+INDEX_VERSION = 1
+
+
+class ShardError(Exception):
+    """A shard that cannot be read at all (not a tar, truncated, unreadable)."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"shard {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample: its key and, per field extension, the member's (offset, size)."""
+
+    key: str
+    fields: dict[str, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """Every sample of a shard with its members' offsets: what lets workers slice an mmap."""
+
+    path: str
+    shard_bytes: int
+    samples: list[Sample]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "version": INDEX_VERSION,
+                "shard_bytes": self.shard_bytes,
+                "samples": [
+                    [s.key, [[ext, off, size] for ext, (off, size) in s.fields.items()]]
+                    for s in self.samples
+                ],
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, path: str, text: str) -> "ShardIndex":
+        doc = json.loads(text)
+        if doc.get("version") != INDEX_VERSION:
+            raise ValueError(f"unsupported index version {doc.get('version')!r}")
+        samples = [
+            Sample(key, {ext: (int(off), int(size)) for ext, off, size in fields})
+            for key, fields in doc["samples"]
+        ]
+        return cls(path, int(doc["shard_bytes"]), samples)
