@@ -10,9 +10,23 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from helpers import KEPT_FOR_THE_MODULE, N_SHARDS, children_of, id_shards, shm_entries  # noqa: E402
+import background_soak  # noqa: E402
+from background_soak import SOAK  # noqa: E402
+from helpers import KEPT_FOR_THE_MODULE, N_SHARDS, ROOT, children_of, id_shards, shm_entries  # noqa: E402
 
 from feedline.demo.store import FileStore  # noqa: E402
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The 3-minute soak run starts now, when its test is among those to run: it runs beside the others
+    (``background_soak.py``), and its test checks it."""
+    if any(item.name == background_soak.TEST for item in items):
+        SOAK.start(ROOT)
+        KEPT_FOR_THE_MODULE.add(SOAK.proc.pid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    SOAK.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -58,8 +58,8 @@ def id_shards(directory: str, shards: int, per_shard: int, payload: int = 64) ->
             for k in range(shards)]
 
 
-# Processes a module-scoped fixture owns across its tests (a Prometheus holding a run's scrapes): the
-# per-test leak check leaves them alone; the fixture checks them gone at its own teardown.
+# Processes a module-scoped fixture owns across its tests (a Prometheus holding a run's scrapes), and the soak
+# run beside the suite (background_soak.py): the per-test leak check leaves them alone; their owner checks them gone.
 KEPT_FOR_THE_MODULE: set[int] = set()
 
 
@@ -86,7 +86,9 @@ def children_of(pid: int) -> list[int]:
 
 
 def shm_entries() -> set[str]:
-    return {e for e in os.listdir("/dev/shm") if "feedline" in e or e.startswith(("psm_", "wnsm_", "torch_"))}
+    """What tests may leave in /dev/shm, less the cache of the soak run beside them (its test checks that)."""
+    return {e for e in os.listdir("/dev/shm") if ("feedline" in e or e.startswith(("psm_", "wnsm_", "torch_")))
+            and not e.startswith("feedline-soak-")}
 
 
 def descendants(pid: int) -> set[int]:
