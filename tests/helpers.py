@@ -232,3 +232,30 @@ class Slow:
     def __call__(self, sample):
         time.sleep(self.seconds)
         return sample
+
+
+PEERS_PY = os.path.join(ROOT, ".venv-peers", "bin", "python")  # tensorflow-cpu and datasets (scripts/setup-peers)
+
+
+def peer_written(fmt: str, directory, *extra: str) -> dict:
+    """Files the real writer of ``fmt`` made in ``directory`` (tests/peer_writer.py), and what it was given."""
+    import json
+
+    run = subprocess.run([PEERS_PY, os.path.join(ROOT, "tests", "peer_writer.py"), fmt, str(directory), *extra],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    with open(os.path.join(directory, "given.json")) as f:
+        return json.load(f)
+
+
+def trained_samples(shards: str, tmp_path) -> list[int]:
+    """Samples per epoch of one epoch of ``feedline train`` (the demo model) on ``shards``."""
+    import json
+
+    summary = os.path.join(tmp_path, "summary.json")
+    out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", shards, "--epochs", "1",
+                          "--batch-size", "8", "--image-size", "32", "--progress", "false", "--summary-json",
+                          summary], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    with open(summary) as f:
+        return [e["samples"] for e in json.load(f)["epochs"]]

@@ -3,28 +3,20 @@ with what the writer was given; corrupt records counted, naming file and record;
 
 import base64
 import io
-import json
 import os
 import struct
-import subprocess
 
 import numpy as np
 import pytest
 
-from helpers import ROOT
+from helpers import peer_written, trained_samples
 
 from feedline import StagingLoader
 from feedline.formats import tfrecord
 from feedline.formats.shard_index import ShardError, build_index
 
-PEERS_PY = os.path.join(ROOT, ".venv-peers", "bin", "python")  # tensorflow-cpu lives there (scripts/setup-peers)
-
-
 def tf_written(directory, *extra):
-    run = subprocess.run([PEERS_PY, os.path.join(ROOT, "tests", "tf_writer.py"), str(directory), *extra],
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads((directory / "given.json").read_text())
+    return peer_written("tfrecord", directory, *extra)
 
 
 @pytest.fixture(scope="module")
@@ -232,12 +224,5 @@ def test_a_mixture_of_tar_shards_and_tfrecord_files_selects_one_field_from_eithe
 
 
 def test_feedline_train_trains_on_tfrecord_files(written, tmp_path):
-    import sys
-
     d, _ = written
-    summary = tmp_path / "summary.json"
-    out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", str(d / "*.tfrecord"), "--epochs", "1",
-                          "--batch-size", "8", "--image-size", "32", "--progress", "false", "--summary-json",
-                          str(summary)], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert [e["samples"] for e in json.loads(summary.read_text())["epochs"]] == [24]
+    assert trained_samples(str(d / "*.tfrecord"), tmp_path) == [24]

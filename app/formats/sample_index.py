@@ -7,7 +7,9 @@ and the workers read it the same way. Stored as JSON, never pickled.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
+from typing import BinaryIO
 
 INDEX_VERSION = 1
 
@@ -60,3 +62,13 @@ class ShardIndex:
             for key, fields in doc["samples"]
         ]
         return cls(path, int(doc["shard_bytes"]), samples)
+
+
+def open_shard(path: str, fd: int | None = None) -> tuple[BinaryIO, int]:
+    """The shard's file (through a duplicate of ``fd`` when given: it may be unlinked since) and its size; one
+    that cannot be opened is a ``ShardError``."""
+    try:
+        f = os.fdopen(os.dup(fd), "rb") if fd is not None else open(path, "rb")
+    except OSError as exc:
+        raise ShardError(path, f"cannot open: {exc.strerror}") from None
+    return f, os.fstat(f.fileno()).st_size

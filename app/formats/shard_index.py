@@ -1,4 +1,5 @@
-"""The member index of one tar shard, grouped into WebDataset samples (a TFRecord file's: ``tfrecord.py``).
+"""The member index of one tar shard, grouped into WebDataset samples (a TFRecord file's: ``tfrecord.py``; a
+Parquet file's: ``parquet.py``).
 
 Workers ``mmap`` a shard and slice members by offset; the index is what lets
 them do that without parsing tar headers on the hot path. It is built once per
@@ -14,7 +15,7 @@ import re
 import tarfile
 from collections.abc import Iterator
 
-from . import tfrecord
+from . import parquet, tfrecord
 from .files import atomic_write
 from .sample_index import Sample, ShardError, ShardIndex
 
@@ -49,15 +50,17 @@ def _open_tar(path: str, fd: int | None) -> Iterator[tarfile.TarFile]:
 
 
 def build_index(path: str, fd: int | None = None, fmt: str | None = None) -> ShardIndex:
-    """Scan the tar headers of ``path`` (ustar, GNU and pax all read the same), or a TFRecord file's record
-    headers (``tfrecord.py``): the name's suffix, or ``fmt``'s (the shard a plain copy was made from), says
-    which.
+    """Scan the tar headers of ``path`` (ustar, GNU and pax all read the same), a TFRecord file's record
+    headers (``tfrecord.py``) or a Parquet file's footer (``parquet.py``): the name's suffix, or ``fmt``'s (the
+    shard a plain copy was made from), says which.
 
     With ``fd``, an already open descriptor of it is read: the file may have been
     unlinked (evicted) since, and still reads whole.
     """
     if tfrecord.is_tfrecord(fmt or path):
         return tfrecord.build_index(path, fd, fmt)
+    if parquet.is_parquet(fmt or path):
+        return parquet.build_index(path, fd, fmt)
     try:
         shard_bytes = os.fstat(fd).st_size if fd is not None else os.stat(path).st_size
     except OSError as exc:

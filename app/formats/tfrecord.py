@@ -17,7 +17,6 @@ value, else a 1-D array (a field of several lengths batches as a variable one).
 from __future__ import annotations
 
 import mmap
-import os
 import struct
 from typing import Any
 
@@ -25,7 +24,7 @@ import numpy as np
 
 from .bounds import DecodeError, MemberTooLarge
 from .decoders import Decoder
-from .sample_index import Sample, ShardError, ShardIndex
+from .sample_index import Sample, ShardError, ShardIndex, open_shard
 from .urls import is_tfrecord, shard_stem
 
 RECORD = "tfrecord"  # the one field of a record's entry in the index: its data's (offset, length)
@@ -67,12 +66,8 @@ def build_index(path: str, fd: int | None = None, name: str | None = None) -> Sh
     A record's key is ``<file>/<ordinal>`` (``part-00003/00000017``), the file named by ``name`` (the
     shard a plain copy was made from) or ``path``, without its suffix: keys are unique across files."""
     stem = shard_stem(name or path)
-    try:
-        f = os.fdopen(os.dup(fd), "rb") if fd is not None else open(path, "rb")
-    except OSError as exc:
-        raise ShardError(path, f"cannot open: {exc.strerror}") from None
+    f, size = open_shard(path, fd)
     with f:
-        size = os.fstat(f.fileno()).st_size
         if size == 0:
             return ShardIndex(path, 0, [])
         try:

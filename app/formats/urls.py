@@ -6,9 +6,9 @@
 - ``file://`` URLs are local paths;
 - a name is a **shard** when its path, before any ``?query``, ends in a shard suffix (``.tar``,
   ``.tar.gz``, ``.tgz``, ``.tar.zst``; TFRecord files: ``.tfrecord``, ``.tfrecords``, either ``.gz``,
-  and TFDS's ``<name>.tfrecord-00000-of-00016``); an **index file** when it ends in an index suffix
-  (``.txt``, ``.lst``, ``.list``, ``.index``): one shard per line, optionally followed by its
-  sha256 and size; anything else is refused with these rules named;
+  and TFDS's ``<name>.tfrecord-00000-of-00016``; Parquet files: ``.parquet``); an **index file**
+  when it ends in an index suffix (``.txt``, ``.lst``, ``.list``, ``.index``): one shard per line,
+  optionally followed by its sha256 and size; anything else is refused with these rules named;
 - a local directory stands for the shards in it; a local glob for the shards it matches; an
   ``s3://bucket/prefix/`` that is neither a shard nor an index stands for the shards under it.
 """
@@ -26,7 +26,7 @@ from braceexpand import braceexpand
 
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecords.gz")
 TFDS_NAME = re.compile(r"\.tfrecords?-\d+-of-\d+(\.gz)?$")  # TFDS's files: mnist-train.tfrecord-00000-of-00001
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd", *TFRECORD_SUFFIXES)
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd", *TFRECORD_SUFFIXES, ".parquet")
 INDEX_SUFFIXES = (".txt", ".lst", ".list", ".index")
 REMOTE_SCHEMES = ("http://", "https://", "s3://")
 RULES = (f"a shard ends in {', '.join(SHARD_SUFFIXES)} (or is TFDS's <name>.tfrecord-00000-of-00016) "
@@ -95,6 +95,10 @@ def is_tfrecord(name: str) -> bool:
     ``<name>.tfrecord-00000-of-00016``."""
     path = url_path(name).lower()
     return path.endswith(TFRECORD_SUFFIXES) or TFDS_NAME.search(path) is not None
+
+
+def is_parquet(name: str) -> bool:
+    return url_path(name).lower().endswith(".parquet")
 
 
 def plain_suffix(name: str) -> str:

@@ -28,6 +28,7 @@ from ..formats.urls import (
     expand,
     is_index,
     is_remote,
+    is_parquet,
     is_shard,
     is_tfrecord,
     local_shards,
@@ -108,13 +109,15 @@ def list_shards(source: str, fetch_text: Callable[[str], str] | None = None,
         raise SourceError(f"source {source!r}: {exc}") from None
     if not entries:
         raise SourceError(f"source {source!r}: no shard found ({RULES})")
-    records = [e.url for e in entries if is_tfrecord(e.url)]
+    records = [e.url for e in entries if is_tfrecord(e.url) or is_parquet(e.url)]
     if records:
-        why = "the sidecar caches tar shards only: read TFRecord files with the loader's shards= (FEEDLINE_SHARDS)"
+        why = ("the sidecar caches tar shards only: read TFRecord and Parquet files with the loader's shards= "
+               "(FEEDLINE_SHARDS)")
         if len(records) == len(entries):
-            raise SourceError(f"source {source!r}: {records[0]} is a TFRecord file, and {why}")
-        log.warning("source %r: %d TFRecord file(s) left out (%s, ...): %s", source, len(records), records[0], why)
-        entries = [e for e in entries if not is_tfrecord(e.url)]
+            raise SourceError(f"source {source!r}: {records[0]} is a TFRecord or Parquet file, and {why}")
+        log.warning("source %r: %d TFRecord or Parquet file(s) left out (%s, ...): %s", source, len(records),
+                    records[0], why)
+        entries = [e for e in entries if not (is_tfrecord(e.url) or is_parquet(e.url))]
     unique = dict((e.url, e) for e in entries).values()
     entries = [IndexEntry(e.url, e.sha256, e.size if e.size is not None or is_remote(e.url)
                           or not os.path.exists(e.url) else os.path.getsize(e.url)) for e in unique]

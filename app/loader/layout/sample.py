@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from ...formats import tfrecord
+from ...formats import parquet, tfrecord
 from ...formats.decoders import Decoder
 from ...formats.shard_index import Sample
 from .spec import SampleRejected
@@ -78,6 +78,14 @@ def load_sample(data: memoryview, path: str, ref: Sample, decoder: Decoder, sele
 
         def decode(name: str) -> Any:
             return tfrecord.feature_value(name, features[name], decoder)
+    elif parquet.is_parquet(path):  # a row: its columns are the sample's fields
+        names = selection.extensions if selection.names is not None else wanted
+        columns = parquet.read_row(path, ref.fields[parquet.RECORD], decoder.max_member_bytes, names)
+        present = columns
+        read = sum(len(v) for _, v in columns.values() if isinstance(v, (bytes, str)))
+
+        def decode(name: str) -> Any:
+            return parquet.column_value(name, columns[name], decoder)
     else:
         present = ref.fields
 

@@ -10,6 +10,7 @@ each extension, which sizes padded fields with headroom.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import random
 from collections.abc import Iterable, Mapping
@@ -20,6 +21,7 @@ import numpy as np
 
 from ...errors import SettingError
 from ...formats import tfrecord
+from ...formats.urls import is_parquet
 from ...formats.decoders import Decoder, UnsafeMemberError
 from ...formats.shard_index import ShardError, load_index
 from ..layout.sample import FieldSelection, Transform, load_sample
@@ -47,12 +49,14 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
           transform: Transform | None) -> Probe:
     """Decode (and transform) the first samples of the first shards, as a worker would."""
     found = Probe()
-    records = next((p for p in shards if tfrecord.is_tfrecord(p)), None)
-    missing = tfrecord.missing_packages() if records else []
-    if missing:
-        raise SettingError("shards", f"{records} is a TFRecord file, and reading one needs {' and '.join(missing)}, "
-                                     f"which is not installed: pip install {' '.join(missing)} (feedline depends on "
-                                     f"it; an install with --no-deps leaves it out)")
+    for kind, test, needs in (("a TFRecord", tfrecord.is_tfrecord, tfrecord.missing_packages),
+                              ("a Parquet", is_parquet, _missing_pyarrow)):
+        first = next((p for p in shards if test(p)), None)
+        missing = needs() if first else []
+        if missing:
+            raise SettingError("shards", f"{first} is {kind} file, and reading one needs {' and '.join(missing)}, "
+                                         f"which is not installed: pip install {' '.join(missing)} (feedline depends "
+                                         f"on it; an install with --no-deps leaves it out)")
     for path in sorted(shards)[:PROBE_SHARDS]:
         try:
             index = load_index(path)
@@ -79,6 +83,10 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
                 continue
             found.samples.append(sample)
     return found
+
+
+def _missing_pyarrow() -> list[str]:
+    return [] if importlib.util.find_spec("pyarrow") else ["pyarrow"]
 
 
 def _decoded(extensions: Iterable[str], selection: FieldSelection, wanted: set[str] | None) -> set[str]:

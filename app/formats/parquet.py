@@ -1,0 +1,139 @@
+"""Parquet files: each row a sample, read a row group at a time with pyarrow (no pandas).
+
+A Parquet file stores its rows in row groups, compressed column by column: no byte range holds one
+row, so the index (built from the file's footer, stored beside it like a tar's) lists each row as
+``(row group, row in it)``. A worker reads the row group a sample is in once, only the columns it
+needs, and keeps the groups it read last, within a bound in bytes (``RowGroups``): the shuffle
+buffer hands out samples of nearby rows, so each group is read about once an epoch.
+
+Columns are fields, named as they are, lowercased: binary values that are images (told by their
+first bytes) decode as image members do, other bytes stay ``bytes``; a Hugging Face ``Image``
+column (a struct of ``bytes`` and ``path``) is its image; integers and floats are numpy scalars of
+the column's type; strings ``str``; lists of numbers 1-D arrays; other values (lists, structs)
+as Python values. A ``decode={"column": fn}`` decoder of the user's is given a binary value's bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Collection
+from typing import Any
+
+import numpy as np
+
+from .bounds import DecodeError, MemberTooLarge
+from .decoders import Decoder
+from .sample_index import Sample, ShardError, ShardIndex, open_shard
+from .tfrecord import is_image
+from .urls import is_parquet, shard_stem
+
+__all__ = ["RECORD", "RowGroups", "build_index", "column_value", "is_parquet", "read_row"]
+
+RECORD = "parquet"  # the one field of a row's entry in the index: (row group, row in it), not a byte span
+GROUP_CACHE_BYTES = 128 << 20  # a worker's bound on the row groups it keeps decoded (at least the one in use)
+
+
+def build_index(path: str, fd: int | None = None, name: str | None = None) -> ShardIndex:
+    """Every row as (row group, row), from the footer; a file pyarrow cannot read is a ``ShardError``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f, size = open_shard(path, fd)
+    with f:
+        try:
+            meta = pq.ParquetFile(f).metadata
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise ShardError(path, f"not a readable Parquet file ({exc})") from None
+    stem = shard_stem(name or path)
+    samples, n = [], 0
+    for group in range(meta.num_row_groups):
+        for row in range(meta.row_group(group).num_rows):
+            samples.append(Sample(f"{stem}/{n:08d}", {RECORD: (group, row)}))
+            n += 1
+    return ShardIndex(path, size, samples)
+
+
+class RowGroups:
+    """The row groups a worker read last, newest kept, within ``max_bytes`` (the group in use always)."""
+
+    def __init__(self, max_bytes: int = GROUP_CACHE_BYTES):
+        self.max_bytes = max_bytes
+        self._groups: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._bytes = 0
+
+    def table(self, path: str, group: int, columns: tuple[str, ...] | None) -> Any:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        st = os.stat(path)
+        key = (path, st.st_size, st.st_mtime_ns, group, columns)  # a file replaced under its name: read anew
+        table = self._groups.get(key)
+        if table is not None:
+            self._groups.move_to_end(key)
+            return table
+        try:
+            pf = pq.ParquetFile(path, memory_map=True)
+            names = {n.lower(): n for n in pf.schema_arrow.names}
+            wanted = None if columns is None else [names[c] for c in columns if c in names]
+            table = pf.read_row_group(group, columns=wanted)
+        except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
+            raise DecodeError(f"row group {group} cannot be read: {exc}") from None
+        self._groups[key] = table
+        self._bytes += table.nbytes
+        while self._bytes > self.max_bytes and len(self._groups) > 1:
+            _, old = self._groups.popitem(last=False)
+            self._bytes -= old.nbytes
+        return table
+
+    def clear(self) -> None:
+        self._groups.clear()
+        self._bytes = 0
+
+
+ROW_GROUPS = RowGroups()  # the worker's (one per process)
+
+
+def read_row(path: str, span: tuple[int, int], bound: int, columns: Collection[str] | None = None) -> dict[str, Any]:
+    """The row at ``span`` (row group, row) of the file: {column name, lowercased: (arrow type, value)}."""
+    group, row = span
+    table = ROW_GROUPS.table(path, group, None if columns is None else tuple(sorted(columns)))
+    out: dict[str, Any] = {}
+    for field, column in zip(table.schema, table.columns):
+        key = field.name.lower()
+        if key in out:
+            raise DecodeError(f"columns {field.name!r} and another differ only in case; they are fields by their "
+                              f"lowercased names")
+        value = column[row].as_py()
+        if isinstance(value, (bytes, str)) and len(value) > bound:
+            raise MemberTooLarge(f"is a {len(value)}-byte value,", bound, member=key)
+        out[key] = (field.type, value)
+    return out
+
+
+def column_value(name: str, typed: tuple[Any, Any], decoder: Decoder) -> Any:
+    """A column's value as a field (see the module's docstring)."""
+    import pyarrow as pa
+
+    kind, value = typed
+    if value is None:
+        return None
+    if isinstance(value, dict) and "bytes" in value and isinstance(value["bytes"], bytes):  # a Hugging Face Image
+        value = value["bytes"]
+    elif isinstance(value, dict) and "bytes" in value and value.get("path"):
+        raise DecodeError(f"column {name!r} holds an image by path only ({value['path']!r}), not its bytes: "
+                          f"write the dataset with its images embedded")
+    if isinstance(value, bytes):
+        if decoder.overrides(name):
+            return decoder(name, memoryview(value))
+        if is_image(value):
+            return decoder("jpg" if value[:3] == b"\xff\xd8\xff" else "png", memoryview(value))
+        return value
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        return np.array(value, dtype=kind.to_pandas_dtype())[()]
+    if (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)) and (
+            pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)):
+        if any(v is None for v in value):
+            raise DecodeError(f"column {name!r}: a list of numbers holds a null")
+        return np.array(value, dtype=kind.value_type.to_pandas_dtype())
+    return value

@@ -1,0 +1,141 @@
+"""Parquet files read as they are (issue 36): files Hugging Face ``datasets`` (``to_parquet``) and pyarrow wrote,
+every field compared with what the writer was given; row groups; a broken file; resume; the sidecar's refusal."""
+
+import base64
+import io
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import id_shards, peer_written, trained_samples
+
+from feedline import Source, StagingLoader
+from feedline.formats import parquet
+from feedline.sampler.sources import SourceError, list_shards
+
+@pytest.fixture(scope="module")
+def hf_written(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf")
+    return d, peer_written("parquet", d)
+
+
+def epoch(shards, **kw):
+    """Every sample of one epoch: {key (file/row): the sample's fields}."""
+    out = {}
+    with StagingLoader(shards, batch_size=5, workers=2, **kw) as loader:
+        for batch in loader:
+            for i, key in enumerate(batch["__key__"]):
+                out[key] = {name: (v[i].numpy() if hasattr(v[i], "numpy") else v[i])
+                            for name, v in batch.items() if not name.startswith("__")}
+        stats = loader.stats()
+    return out, stats
+
+
+def test_every_field_of_every_row_hugging_face_datasets_wrote_arrives_as_it_was_given(hf_written):
+    d, given = hf_written
+    got, _ = epoch(str(d / "*.parquet"), decode={"image": bytes})  # the Image column's bytes, as written
+    assert len(got) == 24
+    for name, rows in given["files"].items():
+        for n, want in enumerate(rows):
+            s = got[f"{name[: -len('.parquet')]}/{n:08d}"]
+            assert s["image"] == base64.b64decode(want["image"])
+            assert s["label"] == want["label"] and s["label"].dtype == np.int64
+            assert s["caption"] == want["caption"]
+            k = int(s["tokens_len"])
+            assert s["tokens"][:k].tolist() == want["tokens"]
+            assert s["score"] == np.float32(want["score"]) and s["score"].dtype == np.float32
+
+
+def test_a_hugging_face_image_column_decodes_as_an_image(hf_written):
+    from PIL import Image
+
+    d, given = hf_written
+    got, _ = epoch(str(d / "part-001.parquet"), fields=["image", "label"])
+    for n, want in enumerate(given["files"]["part-001.parquet"]):
+        s = got[f"part-001/{n:08d}"]
+        pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(want["image"]))).convert("RGB"))
+        assert np.array_equal(s["image"], pixels) and set(s) == {"image", "label"}
+
+
+def pyarrow_rows(path, ids, row_group_size):
+    """A file pyarrow writes in row groups of ``row_group_size``: an id, 64 payload bytes, a list, a name."""
+    table = pa.table({"cls": pa.array(list(ids), pa.int64()),
+                      "bin": pa.array([bytes([i % 256]) * 64 for i in ids], pa.binary()),
+                      "points": pa.array([[float(i)] * (i % 4) for i in ids], pa.list_(pa.float32())),
+                      "Name": pa.array([f"row {i}" for i in ids], pa.string())})
+    pq.write_table(table, str(path), row_group_size=row_group_size)
+    return str(path)
+
+
+def test_rows_across_row_groups_read_as_pyarrow_wrote_them(tmp_path):
+    path = pyarrow_rows(tmp_path / "p.parquet", range(50), row_group_size=7)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 8
+    got, _ = epoch(path, spec={"cls": "int64", "bin": ("uint8", (64,)),
+                               "points": {"dtype": "float32", "shape": [8], "variable": True}, "name": "text"})
+    assert sorted(int(s["cls"]) for s in got.values()) == list(range(50))
+    for s in got.values():
+        i = int(s["cls"])
+        assert s["bin"].tolist() == [i % 256] * 64 and s["name"] == f"row {i}"
+        assert s["points"][: int(s["points_len"])].tolist() == [float(i)] * (i % 4)
+
+
+def test_the_row_groups_a_worker_keeps_stay_within_their_bound(tmp_path):
+    path = pyarrow_rows(tmp_path / "p.parquet", range(40), row_group_size=10)
+    groups = parquet.RowGroups(max_bytes=1)  # less than one group: only the one in use is kept
+    for g in (0, 1, 2, 1):
+        assert groups.table(path, g, None).num_rows == 10
+        assert len(groups._groups) == 1
+
+
+def test_a_broken_file_among_good_ones_is_skipped_and_counted(tmp_path):
+    good = pyarrow_rows(tmp_path / "good.parquet", range(10), row_group_size=4)
+    data = open(good, "rb").read()
+    (tmp_path / "cut.parquet").write_bytes(data[: len(data) // 2])  # no footer
+    got, stats = epoch([good, str(tmp_path / "cut.parquet")], fields=["cls"], max_sample_errors=3)
+    assert sorted(int(s["cls"]) for s in got.values()) == list(range(10))
+    assert stats.sample_errors_total["bad_shard"] == 1
+
+
+def test_a_state_saved_mid_epoch_over_parquet_files_resumes_exactly(tmp_path):
+    from test_resume import run
+
+    os.makedirs(tmp_path / "ids")
+    for s in range(4):
+        pyarrow_rows(tmp_path / "ids" / f"ids-{s}.parquet", range(s * 30, s * 30 + 30), row_group_size=8)
+    shards = str(tmp_path / "ids" / "*.parquet")
+    full = run(tmp_path, shards=shards, workers=2, saves={"0:7": str(tmp_path / "s.json")})
+    per_epoch = len(full) // 2
+    assert sorted(i for b in full[:per_epoch] for i in b) == list(range(120))
+    rest = run(tmp_path, shards=shards, workers=2, states=[str(tmp_path / "s.json")])
+    assert full[:7] + rest == full
+
+
+def test_a_mixture_of_tar_and_parquet_sources(tmp_path):
+    tars = id_shards(str(tmp_path / "tar"), shards=2, per_shard=20)
+    rows = pyarrow_rows(tmp_path / "p.parquet", range(100, 140), row_group_size=16)
+    mix = [Source("tar", shards=tars, weight=0.5), Source("parquet", shards=rows, weight=0.5)]
+    got = {}
+    with StagingLoader(sources=mix, batch_size=8, workers=2, fields={"id": "cls", "payload": "bin"},
+                       spec={"id": "int64", "payload": ("uint8", (64,))}) as loader:
+        for batch in loader:
+            got.update(zip(batch["id"].tolist(), batch["__source__"]))
+    assert got == {**{i: "tar" for i in range(40)}, **{i: "parquet" for i in range(100, 140)}}
+
+
+def test_the_sidecar_leaves_tfrecord_and_parquet_files_to_the_loader(tmp_path, caplog):
+    id_shards(str(tmp_path), shards=1, per_shard=3)
+    pyarrow_rows(tmp_path / "p.parquet", range(3), row_group_size=3)
+    (tmp_path / "r.tfrecord").write_bytes(b"")
+    with caplog.at_level("WARNING"):
+        assert [s.id for s in list_shards(str(tmp_path))] == ["ids-0000"]
+    assert "2 TFRecord or Parquet file(s) left out" in caplog.text
+    with pytest.raises(SourceError, match="p.parquet is a TFRecord or Parquet file, and the sidecar caches tar"):
+        list_shards(str(tmp_path / "p.parquet"))
+
+
+def test_feedline_train_trains_on_hugging_face_parquet_files(hf_written, tmp_path):
+    d, _ = hf_written
+    assert trained_samples(str(d / "*.parquet"), tmp_path) == [24]
