@@ -325,9 +325,9 @@ class Config:
         if self.mix:
             sources = parse_mix(self.mix, self.cache)
             if self.cache:  # its parts, weighed anew: they must be there (the sidecar may still be starting)
-                wait_for_layout(self.cache, self.wait_timeout)
+                parts = wait_for_layout(self.cache, self.wait_timeout)  # mix.json, read once
                 try:
-                    check_parts(sources, self.cache)
+                    check_parts(sources, self.cache, parts)
                 except MixError as exc:
                     raise ConfigError(f"mix (FEEDLINE_MIX / --mix): {exc}") from None
             return {"sources": sources}

@@ -441,3 +441,24 @@ def test_a_small_source_of_a_mixed_cache_cached_whole_does_not_hold_the_loader_a
             out = sampler.stop()
     assert sampler.proc.returncode == 0, out[-3000:]
     assert waited < 15 and "rare" in names
+
+
+# -- one grammar, one parser: the loader's mix and the sidecar's --source ----------------------------
+
+def test_one_parser_reads_both_sides_items_and_each_side_refuses_the_others_share():
+    from feedline.cache.mix_items import MixItem, parse_items
+    from feedline.mixing import MixError, parse_mix
+    from feedline.sampler.mixed import mixture_of
+
+    assert parse_items("web=https://u@s/w-{0..9}.tar@0.7;cur=s3://b/c/@512MiB eval=data/e/*.tar#50 rare@2") == [
+        MixItem("web=https://u@s/w-{0..9}.tar@0.7", "web", "https://u@s/w-{0..9}.tar", weight=0.7),
+        MixItem("cur=s3://b/c/@512MiB", "cur", "s3://b/c/", budget=512 << 20),
+        MixItem("eval=data/e/*.tar#50", "eval", "data/e/*.tar", samples=50),
+        MixItem("rare@2", "rare", None, weight=2.0)]
+    with pytest.raises(MixError, match=r"'cur=data/c/\*.tar@512MiB': a budget \(@SIZE\) is the sidecar's"):
+        parse_mix("web=data/w/*.tar@1 cur=data/c/*.tar@512MiB")
+    with pytest.raises(SettingError, match=r"'eval=s3://b/e/#50': samples an epoch \(#N\) are the loader's"):
+        mixture_of("web=s3://b/w/@1 eval=s3://b/e/#50")
+    for parse in (parse_mix, mixture_of):
+        with pytest.raises(ValueError, match=r"the name\(s\) \['a'\] are used twice"):
+            parse("a=x.tar@1 a=y.tar@1")

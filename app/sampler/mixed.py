@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 
 from ..cache.mix import MixPart, part_dir, write_mix
+from ..cache.mix_items import MixSyntaxError, parse_items
 from ..errors import SettingError
 from ..preflight import fmt_bytes, fs_space
 from ..sink import Labelled, NullSink, StatsSink
@@ -26,10 +27,7 @@ from .sidecar import Sidecar
 
 log = logging.getLogger("feedline.sampler")
 
-_ITEM = re.compile(r"(?P<name>[A-Za-z0-9_-]+)=(?P<source>\S+?)(?:@(?P<share>[^@\s]+))?")
-_SIZE = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KiB": 1 << 10, "MiB": 1 << 20,
-         "GiB": 1 << 30, "TiB": 1 << 40}
-FORM = "NAME=SOURCE[@WEIGHT|@SIZE] items separated by spaces"
+FORM = "NAME=SOURCE[@WEIGHT|@SIZE] items separated by spaces or ';'"
 
 
 @dataclass(frozen=True)
@@ -43,35 +41,32 @@ class MixSource:
 
 
 def mixture_of(source: str) -> list[MixSource] | None:
-    """The sources of a ``--source`` that mixes (``NAME=SOURCE`` items); None for one source."""
+    """The sources of a ``--source`` that mixes (``NAME=SOURCE`` items); None for one source. The grammar is the
+    loader's ``mix`` too (``cache/mix_items.py``); samples an epoch (``#N``) are the loader's alone."""
     items = source.split()
-    if not items or not re.match(r"[A-Za-z0-9_-]+=", items[0]):
+    if not items or not re.match(r"[A-Za-z0-9_.-]+=", items[0]):
         return None
+    try:
+        parsed = parse_items(source)
+    except MixSyntaxError as exc:
+        raise SettingError("source", f"{exc}, e.g. 'web=https://store/web-{{0000..0999}}.tar@0.7 "
+                                     f"curated=s3://b/cur/@0.3'") from None
     out = []
-    for item in items:
-        m = _ITEM.fullmatch(item)
-        if m is None:
-            raise SettingError("source", f"{item!r} is not NAME=SOURCE[@WEIGHT|@SIZE]; a mixture is {FORM}, e.g. "
-                                         f"'web=https://store/web-{{0000..0999}}.tar@0.7 curated=s3://b/cur/@0.3'")
-        share = m["share"]
-        if share is None:
-            out.append(MixSource(m["name"], m["source"], weight=1.0))
+    for item in parsed:
+        if item.where is None:
+            raise SettingError("source", f"{item.text!r} is not NAME=SOURCE[@WEIGHT|@SIZE]: say where the source's "
+                                         f"shards are; a mixture is {FORM}")
+        if item.samples is not None:
+            raise SettingError("source", f"{item.text!r}: samples an epoch (#N) are the loader's (its mix); the "
+                                         f"sidecar shares its cache by @WEIGHT or @SIZE")
+        if item.budget is not None:
+            out.append(MixSource(item.name, item.where, budget=item.budget))
             continue
-        size = re.fullmatch(r"([0-9.]+)([KMGT]?i?B)", share)
-        try:
-            if size is not None and size[2] in _SIZE:
-                out.append(MixSource(m["name"], m["source"], budget=int(float(size[1]) * _SIZE[size[2]])))
-                continue
-            weight = float(share)
-        except ValueError:
-            weight = math.nan
+        weight = 1.0 if item.weight is None else item.weight
         if not math.isfinite(weight) or weight < 0:
-            raise SettingError("source", f"{item!r}: {share!r} is not a weight (a number >= 0) or a size (512MiB)")
-        out.append(MixSource(m["name"], m["source"], weight=weight))
-    names = [s.name for s in out]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise SettingError("source", f"the name(s) {twice} are used twice; every source needs its own name")
+            raise SettingError("source", f"{item.text!r}: {weight} is not a weight (a number >= 0) or a size "
+                                         f"(512MiB)")
+        out.append(MixSource(item.name, item.where, weight=weight))
     if all((s.weight or 0) <= 0 and not s.budget for s in out):
         raise SettingError("source", "every weight is 0: the cache would hold nothing; give a source a weight "
                                      "above 0")
