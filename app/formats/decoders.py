@@ -76,6 +76,10 @@ UNSAFE_EXTENSIONS = frozenset({"pkl", "pickle", "pyd"})
 # Members that decode to nested values (dicts, lists, arrays): they travel beside the slot as a tree.
 TREE_EXTENSIONS = MSGPACK_EXTENSIONS | TENBIN_EXTENSIONS | frozenset({"cbor", "pth", "npz"})
 
+# What bytes start with when they are an image Pillow opens (BMP's "BM" is too common a start to tell by).
+_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"II*\x00", b"MM\x00*")
+
+
 class UnsafeMemberError(DecodeError):
     """A member whose only decoder would unpickle (run code from the data): never decoded."""
 
@@ -285,6 +289,18 @@ class Decoder:
         """Whether ``decode=`` named ``ext`` (or was False: every member raw); a TFRecord feature is decoded
         by the user's function for its name, never by a default that shares it."""
         return ext in self._user or not self._table
+
+    def value(self, name: str, data: bytes) -> Any:
+        """A bytes value of a record format (a TFRecord feature, a Parquet column), which has a name, not an
+        extension: the user's decoder for the name where ``decode=`` gives one (``decode=False``: a raw array),
+        an image where the bytes are one (Pillow tells the format from them; a user's ``jpg``/``png`` decoder
+        first), else the bytes as they are. A default never applies by name: a string named ``id`` is no
+        ``.id`` member."""
+        if self.overrides(name):
+            return self(name, memoryview(data))
+        if data.startswith(_IMAGE_MAGIC) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP"):
+            return self("jpg" if data[:3] == b"\xff\xd8\xff" else "png", memoryview(data))
+        return data
 
     def function(self, ext: str) -> DecodeFn:
         """The decoder of an extension, in webdataset's order.

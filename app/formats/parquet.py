@@ -25,12 +25,12 @@ import numpy as np
 from .bounds import DecodeError, MemberTooLarge
 from .decoders import Decoder
 from .sample_index import Sample, ShardError, ShardIndex, open_shard
-from .tfrecord import is_image
 from .urls import is_parquet, shard_stem
 
-__all__ = ["RECORD", "RowGroups", "build_index", "column_value", "is_parquet", "read_row"]
+__all__ = ["PACKAGES", "RECORD", "RowGroups", "build_index", "column_value", "is_parquet", "read_row"]
 
 RECORD = "parquet"  # the one field of a row's entry in the index: (row group, row in it), not a byte span
+PACKAGES = {"pyarrow": "pyarrow"}  # module: the package that has it
 GROUP_CACHE_BYTES = 128 << 20  # a worker's bound on the row groups it keeps decoded (at least the one in use)
 
 
@@ -86,10 +86,6 @@ class RowGroups:
             self._bytes -= old.nbytes
         return table
 
-    def clear(self) -> None:
-        self._groups.clear()
-        self._bytes = 0
-
 
 ROW_GROUPS = RowGroups()  # the worker's (one per process)
 
@@ -124,11 +120,7 @@ def column_value(name: str, typed: tuple[Any, Any], decoder: Decoder) -> Any:
         raise DecodeError(f"column {name!r} holds an image by path only ({value['path']!r}), not its bytes: "
                           f"write the dataset with its images embedded")
     if isinstance(value, bytes):
-        if decoder.overrides(name):
-            return decoder(name, memoryview(value))
-        if is_image(value):
-            return decoder("jpg" if value[:3] == b"\xff\xd8\xff" else "png", memoryview(value))
-        return value
+        return decoder.value(name, value)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return np.array(value, dtype=kind.to_pandas_dtype())[()]
     if (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)) and (

@@ -33,22 +33,9 @@ _CRC = struct.Struct("<I")
 TRAILER = _CRC.size  # the data CRC after each record's data
 _MASK_DELTA = 0xA282EAD8
 
-# What a bytes value starts with when it is an image Pillow opens (BMP's "BM" is too common a start to tell).
-_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"II*\x00", b"MM\x00*")
 
 
-def missing_packages() -> list[str]:
-    """The packages reading TFRecord files needs that are not installed (dependencies of feedline's, absent only
-    after an install with ``--no-deps``)."""
-    import importlib
-
-    out = []
-    for module, package in (("google.protobuf", "protobuf"), ("google_crc32c", "google-crc32c")):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            out.append(package)
-    return out
+PACKAGES = {"google.protobuf": "protobuf", "google_crc32c": "google-crc32c"}  # module: the package that has it
 
 
 def masked_crc(data: Any) -> int:
@@ -173,23 +160,10 @@ def read_features(data: memoryview, span: tuple[int, int], bound: int) -> dict[s
     return out
 
 
-def is_image(value: bytes) -> bool:
-    return value.startswith(_IMAGE_MAGIC) or (value[:4] == b"RIFF" and value[8:12] == b"WEBP")
-
-
 def feature_value(name: str, values: Any, decoder: Decoder) -> Any:
     """A feature as a field: one value as itself (a scalar, an image, bytes), several as a list (bytes) or an
-    array (numbers). Bytes decode by the user's decoder for the feature's name where ``decode=`` gives one
-    (``decode={"image/encoded": fn}``; ``decode=False``: raw arrays), as an image where they are one, else stay
-    bytes: names are not formats here (a string feature named ``id`` is no ``.id`` member)."""
+    array (numbers); bytes as ``Decoder.value`` decodes a record format's."""
     if isinstance(values, np.ndarray):
         return values[0] if values.shape == (1,) else values
-    out = []
-    for v in values:
-        if decoder.overrides(name):
-            out.append(decoder(name, memoryview(v)))
-        elif is_image(v):  # any image: Pillow tells the format from the bytes (a user's "jpg" or "png" decoder first)
-            out.append(decoder("jpg" if v[:3] == b"\xff\xd8\xff" else "png", memoryview(v)))
-        else:
-            out.append(v)
+    out = [decoder.value(name, v) for v in values]
     return out[0] if len(out) == 1 else out

@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...errors import SettingError
-from ...formats import tfrecord
-from ...formats.urls import is_parquet
+from ...formats import parquet, tfrecord
 from ...formats.decoders import Decoder, UnsafeMemberError
 from ...formats.shard_index import ShardError, load_index
 from ..layout.sample import FieldSelection, Transform, load_sample
@@ -49,10 +48,10 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
           transform: Transform | None) -> Probe:
     """Decode (and transform) the first samples of the first shards, as a worker would."""
     found = Probe()
-    for kind, test, needs in (("a TFRecord", tfrecord.is_tfrecord, tfrecord.missing_packages),
-                              ("a Parquet", is_parquet, _missing_pyarrow)):
+    for kind, test, packages in (("a TFRecord", tfrecord.is_tfrecord, tfrecord.PACKAGES),
+                                 ("a Parquet", parquet.is_parquet, parquet.PACKAGES)):
         first = next((p for p in shards if test(p)), None)
-        missing = needs() if first else []
+        missing = [package for module, package in packages.items() if not _installed(module)] if first else []
         if missing:
             raise SettingError("shards", f"{first} is {kind} file, and reading one needs {' and '.join(missing)}, "
                                          f"which is not installed: pip install {' '.join(missing)} (feedline depends "
@@ -85,8 +84,11 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
     return found
 
 
-def _missing_pyarrow() -> list[str]:
-    return [] if importlib.util.find_spec("pyarrow") else ["pyarrow"]
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package (google) is missing
+        return False
 
 
 def _decoded(extensions: Iterable[str], selection: FieldSelection, wanted: set[str] | None) -> set[str]:
