@@ -1,7 +1,8 @@
 """Files as the real writers make them, for the format tests: run by .venv-peers's Python (tensorflow-cpu,
 Hugging Face datasets), never imported by the tests' own process.
 
-    python tests/peer_writer.py tfrecord OUT [--gzip]   # TensorFlow's TFRecordWriter: part-NNN.tfrecord(.gz)
+    python tests/peer_writer.py tfrecord OUT [--gzip DIR]   # TensorFlow's TFRecordWriter: part-NNN.tfrecord,
+                                                            # and the same records GZIP'd in DIR/part-NNN.tfrecord.gz
     python tests/peer_writer.py parquet OUT             # Hugging Face datasets' to_parquet: part-NNN.parquet
 
 Each writes ``OUT/given.json`` too: what the writer was given, record by record, for the tests to compare
@@ -10,6 +11,7 @@ every field with.
 
 import argparse
 import base64
+import contextlib
 import io
 import json
 import os
@@ -24,17 +26,21 @@ def jpeg(rng: np.random.Generator) -> bytes:
     return buf.getvalue()
 
 
-def tfrecord(out: str, shards: int, per_shard: int, gzip: bool) -> dict:
+def tfrecord(out: str, shards: int, per_shard: int, gzip: str | None) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up notices on stderr
     import tensorflow as tf
 
     rng = np.random.default_rng(7)
     given = {}
-    options = tf.io.TFRecordOptions(compression_type="GZIP" if gzip else "")
     for s in range(shards):
-        name = f"part-{s:03d}.tfrecord" + (".gz" if gzip else "")
+        name = f"part-{s:03d}.tfrecord"
         records = []
-        with tf.io.TFRecordWriter(os.path.join(out, name), options) as writer:
+        with contextlib.ExitStack() as stack:
+            writers = [stack.enter_context(tf.io.TFRecordWriter(os.path.join(out, name)))]
+            if gzip:
+                os.makedirs(gzip, exist_ok=True)
+                writers.append(stack.enter_context(tf.io.TFRecordWriter(
+                    os.path.join(gzip, name + ".gz"), tf.io.TFRecordOptions(compression_type="GZIP"))))
             for i in range(per_shard):
                 n = s * per_shard + i
                 image = jpeg(rng)
@@ -50,7 +56,8 @@ def tfrecord(out: str, shards: int, per_shard: int, gzip: bool) -> dict:
                     "tags": tf.train.Feature(bytes_list=tf.train.BytesList(value=tags)),
                     "score": tf.train.Feature(float_list=tf.train.FloatList(value=[n / 7])),
                 }
-                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+                for writer in writers:
+                    writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
                 records.append({"image/encoded": base64.b64encode(image).decode(), "image/class/label": n,
                                 "image/object/bbox": boxes.tolist(), "tokens": tokens.tolist(),
                                 "caption": f"a photo, {n}", "tags": [t.decode() for t in tags], "score": n / 7})
@@ -86,7 +93,7 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--per-shard", type=int, default=12)
-    p.add_argument("--gzip", action="store_true", help="tfrecord: TFRecordOptions(compression_type='GZIP')")
+    p.add_argument("--gzip", help="tfrecord: the same records with TFRecordOptions(compression_type='GZIP') there")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     doc = (tfrecord(a.out, a.shards, a.per_shard, a.gzip) if a.format == "tfrecord"

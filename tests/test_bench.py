@@ -84,3 +84,25 @@ def test_rounds_interleave_in_a_rotating_order_after_a_warm_up_and_report_median
     assert [r["samples_per_s"] for r in rows["a"]["rounds"]] == [10, 30, 20]  # the warm-up is not kept
     med, lo, hi = ratio(rows["a"], rows["b"])  # per round: 10/5, 30/10, 20/20
     assert (med, lo, hi) == (2.0, 1.0, 3.0)
+
+
+def test_a_run_of_some_workloads_keeps_the_hosts_other_sections_dated_and_checks_the_targets_over_all():
+    from feedline.bench.sections import keep_earlier_sections
+
+    def row(rate):
+        return {"samples_per_s": rate, "mb_per_s": rate, "main_cpu_pct": 5.0}
+
+    settings = {"workers": 2, "batch_size": 32, "seconds": 4.0, "rounds": 5, "quick": False}
+    raw = {"feedline (zero-copy)": row(600), "feedline (copy)": row(600), "DataLoader": row(100)}
+    dist = {"1x4": {"samples_per_s": 100}, "2x2": {"samples_per_s": 110}}
+    earlier = {"when": "09:33", "settings": settings, "workloads": {"raw": raw, "captioned": {}},
+               "distributed": dist, "targets": []}
+    jpeg = {"feedline (zero-copy)": row(300), "DataLoader + stock Pillow": row(100),
+            "DataLoader + pillow-simd": row(150), "1 core, draft": row(150)}
+    now = {"when": "12:30", "settings": settings, "workloads": {"jpeg": jpeg}, "targets": []}
+    merged = keep_earlier_sections(earlier, now, 2)
+    assert merged["workloads"] == {"raw": raw, "captioned": {}, "jpeg": jpeg} and merged["distributed"] == dist
+    assert merged["ran"] == {"raw": "09:33", "captioned": "09:33", "jpeg": "12:30", "distributed": "09:33"}
+    assert any(t["target"].startswith("raw 1 MiB") for t in merged["targets"])  # checked again over the whole
+    other = {**now, "settings": {**settings, "rounds": 1}}
+    assert keep_earlier_sections(earlier, other, 2)["workloads"] == {"jpeg": jpeg}  # other settings: nothing kept

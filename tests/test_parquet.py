@@ -14,7 +14,6 @@ from helpers import id_shards, peer_written, trained_samples
 
 from feedline import Source, StagingLoader
 from feedline.formats import parquet
-from feedline.sampler.sources import SourceError, list_shards
 
 @pytest.fixture(scope="module")
 def hf_written(tmp_path_factory):
@@ -123,17 +122,6 @@ def test_a_mixture_of_tar_and_parquet_sources(tmp_path):
         for batch in loader:
             got.update(zip(batch["id"].tolist(), batch["__source__"]))
     assert got == {**{i: "tar" for i in range(40)}, **{i: "parquet" for i in range(100, 140)}}
-
-
-def test_the_sidecar_leaves_tfrecord_and_parquet_files_to_the_loader(tmp_path, caplog):
-    id_shards(str(tmp_path), shards=1, per_shard=3)
-    pyarrow_rows(tmp_path / "p.parquet", range(3), row_group_size=3)
-    (tmp_path / "r.tfrecord").write_bytes(b"")
-    with caplog.at_level("WARNING"):
-        assert [s.id for s in list_shards(str(tmp_path))] == ["ids-0000"]
-    assert "2 TFRecord or Parquet file(s) left out" in caplog.text
-    with pytest.raises(SourceError, match="p.parquet is a TFRecord or Parquet file, and the sidecar caches tar"):
-        list_shards(str(tmp_path / "p.parquet"))
 
 
 def test_feedline_train_trains_on_hugging_face_parquet_files(hf_written, tmp_path):

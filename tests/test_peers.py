@@ -1,5 +1,6 @@
-"""The benchmark's peer loaders (Mosaic Streaming, LitData): their formats hold every sample of the tar shards,
-their loaders deliver them with the bench's per-sample work, and their venv leaves .venv alone (issue 35)."""
+"""The benchmark's peer loaders (Mosaic Streaming, LitData, tf.data, Hugging Face datasets): their formats hold every
+sample of the tar shards, their loaders deliver them with the bench's per-sample work, and their venv leaves .venv
+alone (issues 35 and 36)."""
 
 import argparse
 import json
@@ -18,18 +19,17 @@ PEERS_PY = os.path.join(ROOT, ".venv-peers", "bin", "python")
 # delivered, the images' shape), and the versions its venv holds
 EPOCHS = """
 import glob, json, sys
-import litdata, numpy, PIL, torch
+import datasets, litdata, numpy, PIL, tensorflow, torch
 from feedline.bench import peers
 root = sys.argv[1]
 report = {"versions": [numpy.__version__, torch.__version__, PIL.__version__, peers.import_streaming().__version__,
-                       litdata.__version__]}
+                       litdata.__version__, tensorflow.__version__, datasets.__version__]}
 for name in peers.PEERS:
-    make = peers.mosaic_loader if name == "mosaic" else peers.litdata_loader
-    loader = make(f"{root}/{name}", "jpeg", 32, 8, 1)
+    loader = peers.LOADERS[name](f"{root}/{name}", "jpeg", 32, 8, 1)
     labels, shapes = [], set()
     for batch in loader:
         labels += batch["cls"].tolist()
-        shapes.add(tuple(batch["jpg"].shape[1:]))
+        shapes.add(tuple(batch["jpg"].shape[1:]) + (str(batch["jpg"].dtype),))
     del loader
     peers.close(name)
     report[name] = {"labels": sorted(labels), "shapes": sorted(shapes)}
@@ -45,7 +45,7 @@ def peers_run(tmp_path_factory):
     for k in range(2):
         write_tar(str(d / f"p-{k}.tar"), [(f"k{k}{i:03d}", {"jpg": jpeg_bytes(k * 100 + i, (48, 40)),
                                                             "cls": str(k * 100 + i).encode()}) for i in range(20)])
-    runner._peer_formats(str(d), "jpeg", PEERS_PY)  # as the bench writes them: both, in one process
+    runner._peer_formats(str(d), "jpeg", PEERS_PY)  # as the bench writes them: all, in one process
     run = subprocess.run([PEERS_PY, "-c", EPOCHS, str(d)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return {"root": d, **json.loads(run.stdout.strip().splitlines()[-1])}
@@ -55,12 +55,27 @@ def _minor(version):
     return tuple(int(x) for x in version.split(".")[:2])
 
 
-@pytest.mark.parametrize("peer", ["mosaic", "litdata"])
+LABELS = sorted(k * 100 + i for k in range(2) for i in range(20))
+
+
+@pytest.mark.parametrize("peer", ["mosaic", "litdata", "tfdata", "hf"])
 def test_a_peer_loader_delivers_every_sample_of_the_tar_shards_once_at_the_crop_size(peers_run, peer):
     got = peers_run[peer]
     assert (peers_run["root"] / peer / "complete").exists()  # the format's write finished
-    assert got["labels"] == sorted(k * 100 + i for k in range(2) for i in range(20))
-    assert got["shapes"] == [[32, 32, 3]]
+    assert got["labels"] == LABELS
+    assert got["shapes"] == [[32, 32, 3, "torch.uint8"]]
+
+
+@pytest.mark.parametrize("peer, pattern", [("tfdata", "*.tfrecord"), ("hf", "*.parquet")])
+def test_feedline_reads_every_sample_of_the_files_tensorflow_and_hugging_face_wrote_for_the_bench(peers_run, peer,
+                                                                                                     pattern):
+    from feedline import StagingLoader
+    from feedline.formats.transforms import RandomResizedCrop
+
+    files = str(peers_run["root"] / peer / pattern)
+    with StagingLoader(files, batch_size=8, workers=1, spec={"jpg": ("uint8", (32, 32, 3)), "cls": "int64"},
+                       transform=RandomResizedCrop(32, fields=["jpg"])) as loader:
+        assert sorted(i for b in loader for i in b["cls"].tolist()) == LABELS
 
 
 def test_the_peers_venv_keeps_its_own_pins_and_leaves_the_projects_alone(peers_run):
@@ -68,9 +83,9 @@ def test_the_peers_venv_keeps_its_own_pins_and_leaves_the_projects_alone(peers_r
     import PIL
     import torch
 
-    np_peer, torch_peer, pil_peer, mosaic, lit = peers_run["versions"]
+    np_peer, torch_peer, pil_peer, mosaic, lit, tf, hf = peers_run["versions"]
     assert _minor(np_peer) < (2, 2) and torch_peer == torch.__version__ and pil_peer == PIL.__version__
-    assert mosaic == "0.13.0" and lit == "0.2.76"
+    assert (mosaic, lit, tf, hf) == ("0.13.0", "0.2.76", "2.21.0", "5.0.1")
     assert _minor(numpy.__version__) >= (2, 2) and PIL.__version__.endswith(".post0")  # .venv: untouched
     site = os.path.join(os.path.dirname(sys.executable), "..", "lib", "python3.11", "site-packages")
     assert not os.path.exists(os.path.join(site, "streaming")) and not os.path.exists(os.path.join(site, "litdata"))
@@ -82,10 +97,11 @@ def test_each_peer_runs_as_a_bench_contender_from_its_own_venv(peers_run):
     from feedline.bench import runner
 
     args = argparse.Namespace(workers=1, batch_size=8, seconds=0.5, sample_size="1MiB")
+    every = ["mosaic", "litdata", "tfdata", "hf"]
     with ThreadPoolExecutor(2) as pool:  # side by side: each is mostly its imports
         got = list(pool.map(lambda peer: runner._peer_contender(peer, "jpeg", str(peers_run["root"]), args, PEERS_PY),
-                            ["mosaic", "litdata"]))
-    assert [g["loader"] for g in got] == ["mosaic", "litdata"]
+                            every))
+    assert [g["loader"] for g in got] == every
     assert all(g["samples_per_s"] > 0 and g["pil"].endswith(".post0") for g in got)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..formats.transforms import RandomResizedCrop
+from .peers import PEERS
 from .samples import Convert, collate_mixed, tar_samples
 
 
@@ -96,8 +97,7 @@ def _peer(name: str) -> Callable[[argparse.Namespace, list[str]], Iterable[dict[
     def make(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
         from . import peers
 
-        loader = peers.mosaic_loader if name == "mosaic" else peers.litdata_loader
-        return loader(args.shards, args.workload, args.image_size, args.batch_size, args.workers)
+        return peers.LOADERS[name](args.shards, args.workload, args.image_size, args.batch_size, args.workers)
 
     return make
 
@@ -116,8 +116,8 @@ def _batch_payload(batch: Any) -> tuple[int, int, list[torch.Tensor]]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     shards = sorted(glob.glob(args.shards))
-    make = {"feedline": _feedline, "dataloader": _dataloader, "webdataset": _webdataset, "mosaic": _peer("mosaic"),
-            "litdata": _peer("litdata")}[args.loader]
+    makers = {"feedline": _feedline, "dataloader": _dataloader, "webdataset": _webdataset}
+    make = makers[args.loader] if args.loader in makers else _peer(args.loader)
     loader = make(args, shards)
     cuda = torch.device("cuda") if torch.cuda.is_available() else None
     samples = nbytes = batches = 0
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             extra["h2d_gb_per_s"] = st.bytes_total["transferred"] / st.h2d_seconds.sum / 1e9
     if hasattr(loader, "close"):
         loader.close()
-    if args.loader in ("mosaic", "litdata"):
+    if args.loader in PEERS:
         from . import peers
 
         del loader  # its workers end here (persistent_workers), before what they share is cleaned
@@ -236,9 +236,9 @@ def single_core_rate(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("loader", choices=("feedline", "dataloader", "webdataset", "mosaic", "litdata", "single-core"))
+    p.add_argument("loader", choices=("feedline", "dataloader", "webdataset", *PEERS, "single-core"))
     p.add_argument("--workload", choices=("raw", "jpeg", "captioned"), required=True)
-    p.add_argument("--shards", required=True, help="a glob of tar shards (mosaic, litdata: their format's directory)")
+    p.add_argument("--shards", required=True, help="a glob of shards (tar, TFRecord or Parquet files; a peer: its format's directory)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--transfer-threads", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=32)

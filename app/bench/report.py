@@ -26,6 +26,20 @@ PEER_NOTE = ("Mosaic Streaming (mosaicml-streaming 0.13.0: `MDSWriter`, then its
              "from `.venv-peers` (`scripts/setup-peers`: their pins, numpy < 2.2 and torchvision, stay out of "
              "`.venv`).")
 
+FILES_NOTE_ROWS = ("tf.data (TFRecord)", "HF datasets + DataLoader (Parquet)")
+FILES_NOTE = ("TFRecord and Parquet (issue 36): the same samples, one file per tar shard, written by TensorFlow's "
+              "own `TFRecordWriter` (tensorflow-cpu 2.21.0; Examples of the payload's bytes and the label) and by "
+              "Hugging Face `datasets` 5.0.1 (`to_parquet`; JPEGs as an `Image` column). \"feedline (TFRecord)\" and "
+              "\"feedline (Parquet)\" read those files as they are, with the zero-copy row's settings. tf.data: "
+              "`TFRecordDataset` + `parse_single_example`, and for JPEG the pipeline its ImageNet guides write: a box "
+              "from `sample_distorted_bounding_box` (RandomResizedCrop's area and aspect ranges), only that box "
+              "decoded (`decode_and_crop_jpeg`, TensorFlow's fused crop decoder), resized with antialiasing; "
+              "`map` and `prefetch` with `AUTOTUNE` on a private pool of as many threads as the other rows' "
+              "workers, in the training process (tf.data has no worker processes, so its main CPU is all its "
+              "work); batches handed to torch without a copy. HF datasets: `load_dataset(\"parquet\")` (its one-time "
+              "conversion into its Arrow cache is not timed), `set_transform` with the DataLoader rows' per-sample "
+              "work, in a torch `DataLoader`.")
+
 SINGLE_CORE_NOTE = ("The two \"1 core\" rows, draft and crop decoder, are one process a round: decode + "
                     "RandomResizedCrop + the write into a batch slot, in this process, the two paths taking turns "
                     "of 0.25 s over the same photos and boxes (the crop decoder's target is the median of the "
@@ -34,15 +48,30 @@ SINGLE_CORE_NOTE = ("The two \"1 core\" rows, draft and crop decoder, are one pr
 
 
 def _peer_targets(rows: dict[str, Any], workload: str, metric: str,
-                  least: dict[str, float]) -> list[dict[str, Any]]:
-    """feedline (zero-copy) against each peer loader that ran (issue 35): at least ``least[row]`` times its rate."""
+                  least: dict[str, float], ours: str = "feedline (zero-copy)") -> list[dict[str, Any]]:
+    """feedline (``ours``) against each peer loader that ran (issues 35, 36): at least ``least[row]`` times its
+    rate."""
     out = []
     for row, k in least.items():
-        if row in rows:
-            r = ratio(rows["feedline (zero-copy)"], rows[row], metric)
+        if row in rows and ours in rows:
+            r = ratio(rows[ours], rows[row], metric)
             unit = "MB/s" if metric == "mb_per_s" else "samples/s"
-            out.append({"target": f"{workload}: >= {k:g}x {row} {unit}",
+            mine = "" if ours == "feedline (zero-copy)" else f"{ours} "
+            out.append({"target": f"{workload}: {mine}>= {k:g}x {row} {unit}",
                         "value": fmt_ratio(r), "met": r[0] >= k})
+    return out
+
+
+def _file_targets(rows: dict[str, Any], workload: str, metric: str, least: float) -> list[dict[str, Any]]:
+    """feedline on TFRecord and Parquet files against tf.data and HF datasets on the same files (issue 36): at
+    least ``least`` times their rate, at <= 10 % of a core in the training process."""
+    out = []
+    for ours, peer in (("feedline (TFRecord)", "tf.data (TFRecord)"),
+                       ("feedline (Parquet)", "HF datasets + DataLoader (Parquet)")):
+        out += _peer_targets(rows, workload, metric, {peer: least}, ours)
+        if ours in rows and peer in rows:
+            out.append({"target": f"{workload}: {ours} main-process CPU <= 10 % of a core", "value": _pct(rows[ours]),
+                        "met": rows[ours]["main_cpu_pct"] <= 10})
     return out
 
 
@@ -63,6 +92,7 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
                     "met": cp["main_cpu_pct"] <= 15})
         out += _peer_targets(raw, "raw 1 MiB", "mb_per_s", {"Mosaic Streaming + DataLoader": 3.0,
                                                              "LitData StreamingDataLoader": 3.0})
+        out += _file_targets(raw, "raw 1 MiB", "mb_per_s", 3.0)
     jpeg = results["workloads"].get("jpeg")
     if jpeg:
         fl = jpeg["feedline (zero-copy)"]
@@ -74,6 +104,7 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
                     "met": r[0] >= 1.2})
         out += _peer_targets(jpeg, "JPEG", "samples_per_s", {"Mosaic Streaming + DataLoader": 1.8,
                                                              "LitData StreamingDataLoader": 1.4})
+        out += _file_targets(jpeg, "JPEG", "samples_per_s", 1.5)
         mix = jpeg.get("feedline (two-source mix)")
         if mix:
             r = ratio(mix, fl)
@@ -199,6 +230,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
                   + (f" and round, {r['settings']['rounds']} rounds" if "rounds" in r["settings"] else "")
                   + (" (--quick: a check that everything runs, not a measurement)" if r["settings"].get("quick")
                      else "") + ".", ""]
+        earlier = {name: when for name, when in r.get("ran", {}).items() if when != r["when"]}
+        if earlier:
+            lines += ["Kept from earlier runs with the same settings (a later run measured only some workloads): "
+                      + ", ".join(f"{name} ({when})" for name, when in earlier.items()) + ".", ""]
         if not m["pil"].endswith(".post0"):
             lines += [f"pillow-simd was not installed on this machine: every row ran with stock Pillow {m['pil']} "
                       f"(see the PIL column), so rows named after pillow-simd are stock too, and the JPEG rows "
@@ -227,6 +262,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
             lines.append("")
             if any(name in rows for name in PEER_NOTE_ROWS):
                 lines += [PEER_NOTE, ""]
+            if any(name in rows for name in FILES_NOTE_ROWS):
+                lines += [FILES_NOTE, ""]
             if rows.get("1 core, crop decoder", {}).get("turns"):
                 lines += [SINGLE_CORE_NOTE, ""]
         if r.get("scaling"):

@@ -24,15 +24,19 @@ from ..config import parse_size
 from ..demo.datasets import make_dataset
 from ..preflight import pil_is_simd
 from .report import CEILING, render_markdown, targets
+from .sections import keep_earlier_sections
 from .rounds import AGAINST_DRAFT, Contender, interleaved, split_against_draft
 from .shm import remove_orphaned_torch_shm, torch_shm
 
 log = logging.getLogger("feedline.bench")
 
 STOCK_PILLOW = os.path.join(".venv", "stock-pillow")
-PEERS_VENV = ".venv-peers"  # scripts/setup-peers: Mosaic Streaming and LitData, away from .venv's pins
-_PEER_DIRS = shutil.ignore_patterns("mosaic", "litdata")  # the peers' copies of a dataset: only their rows read them
-PEER_ROWS = {"mosaic": "Mosaic Streaming + DataLoader", "litdata": "LitData StreamingDataLoader"}
+PEERS_VENV = ".venv-peers"  # scripts/setup-peers: the peer loaders, away from .venv's pins
+PEER_ROWS = {"mosaic": "Mosaic Streaming + DataLoader", "litdata": "LitData StreamingDataLoader",
+             "tfdata": "tf.data (TFRecord)", "hf": "HF datasets + DataLoader (Parquet)"}
+_PEER_DIRS = shutil.ignore_patterns(*PEER_ROWS)  # the peers' copies of a dataset: only their rows read them
+# feedline on the files tf.data's and Hugging Face's rows read (their writers' own TFRecord and Parquet files)
+FILE_ROWS = {"tfdata": ("feedline (TFRecord)", "*.tfrecord"), "hf": ("feedline (Parquet)", "*.parquet")}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", default="docs/benchmarks.md")
     p.add_argument("--host", default="", help="label of this machine in the report (default: detected)")
     p.add_argument("--peers", choices=("auto", "on", "off"), default="auto",
-                   help="raw and JPEG rows for Mosaic Streaming and LitData, run from .venv-peers "
+                   help="raw and JPEG rows for Mosaic Streaming, LitData, tf.data and HF datasets, run from .venv-peers "
                         "(scripts/setup-peers); auto: when it is installed")
 
 
@@ -241,7 +245,8 @@ def _at_once(args: argparse.Namespace) -> int:
 
 
 def _contenders(workload: str, shards: str, args: argparse.Namespace, peers: str | None = None) -> list[Contender]:
-    """A workload's rows, in table order; ``peers``: .venv-peers's Python, for Mosaic's and LitData's rows."""
+    """A workload's rows, in table order; ``peers``: .venv-peers's Python, for the peer loaders' rows (and
+    feedline's on the TFRecord and Parquet files two of them read)."""
     def c(row: str, name: str, *extra: str, stock: bool = False, seconds: float | None = None) -> Contender:
         return Contender(row, lambda t: _contender(name, workload, shards, args, *extra, stock_pillow=stock, seconds=t),
                          seconds)
@@ -250,8 +255,15 @@ def _contenders(workload: str, shards: str, args: argparse.Namespace, peers: str
         root = os.path.dirname(shards)
         return Contender(PEER_ROWS[name], lambda t: _peer_contender(name, workload, root, args, python, seconds=t))
 
+    def files(name: str) -> Contender:  # feedline on a peer's TFRecord or Parquet files, as they are
+        row, pattern = FILE_ROWS[name]
+        glob_ = os.path.join(os.path.dirname(shards), name, pattern)
+        return Contender(row, lambda t: _contender("feedline", workload, glob_, args, "--zero-copy", seconds=t))
+
     others = [peer(name, peers) for name in PEER_ROWS] if peers else []
     feedline = [c("feedline (zero-copy)", "feedline", "--zero-copy"), c("feedline (copy)", "feedline")]
+    if peers:
+        feedline += [files(name) for name in FILE_ROWS]
     if workload == "raw":
         return feedline + [c("DataLoader", "dataloader"), c("webdataset + DataLoader", "webdataset"), *others]
     if workload == "captioned":
@@ -376,6 +388,7 @@ def main(args: argparse.Namespace) -> int:
     if os.path.exists(args.json):
         with open(args.json) as f:
             doc = json.load(f)
+    results = keep_earlier_sections(doc.get(host), results, args.workers)
     doc[host] = results
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:

@@ -12,9 +12,26 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..formats.files import atomic_write
+from ..formats.urls import is_parquet, is_tfrecord
 
 MANIFEST = "manifest.json"
 SHARDS_DIR = "shards"
+# A cached shard's file: ``shards/<id><suffix>``, by its format; published plain (a ``.tar.gz`` as its tar,
+# a ``.tfrecord.gz`` as its records), so workers map it as they map a local file of that format.
+SUFFIXES = {"tar": ".tar", "tfrecord": ".tfrecord", "parquet": ".parquet"}
+
+
+def shard_format(name: str) -> str:
+    """``tar``, ``tfrecord`` or ``parquet``: the format a source shard is cached as, from its name."""
+    return "tfrecord" if is_tfrecord(name) else "parquet" if is_parquet(name) else "tar"
+
+
+def split_name(file_name: str) -> tuple[str, str] | None:
+    """``<id>.parquet`` -> (``<id>``, ``parquet``); None for a file that is not a cached shard."""
+    for fmt, suffix in SUFFIXES.items():
+        if file_name.endswith(suffix):
+            return file_name[: -len(suffix)], fmt
+    return None
 
 
 @dataclass(frozen=True)
@@ -27,6 +44,7 @@ class ShardEntry:
     added_at: float
     source: str = ""
     sha256: str = ""
+    format: str = "tar"  # a key of SUFFIXES; manifests written before TFRecord and Parquet were cached lack it
 
 
 @dataclass
@@ -56,6 +74,9 @@ class Manifest:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> "Manifest":
         known = set(ShardEntry.__dataclass_fields__)
+        for s in doc["shards"]:
+            if s.get("format", "tar") not in SUFFIXES:
+                raise ValueError(f"shard {s.get('id')!r} has an unknown format {s.get('format')!r}")
         return cls(
             generation=int(doc["generation"]),
             budget_bytes=int(doc.get("budget_bytes", 0)),
@@ -65,8 +86,8 @@ class Manifest:
         )
 
 
-def shard_path(cache_dir: str, shard_id: str) -> str:
-    return os.path.join(cache_dir, SHARDS_DIR, f"{shard_id}.tar")
+def shard_path(cache_dir: str, shard_id: str, fmt: str = "tar") -> str:
+    return os.path.join(cache_dir, SHARDS_DIR, shard_id + SUFFIXES[fmt])
 
 
 def read_manifest(cache_dir: str) -> Manifest:

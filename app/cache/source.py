@@ -8,7 +8,7 @@ import time
 
 from collections.abc import Sequence
 
-from .manifest import SHARDS_DIR, Manifest, read_manifest, shard_path
+from .manifest import SHARDS_DIR, Manifest, read_manifest, shard_path, split_name
 from .readers import TOUCH_EVERY, touch_reader, write_reader
 
 log = logging.getLogger("feedline.cache")
@@ -46,7 +46,7 @@ class CacheSource:
             return []
         self.generation = manifest.generation
         self.complete = manifest.complete
-        self.counts = {shard_path(self.cache_dir, s.id): s.samples for s in manifest.shards}
+        self.counts = {shard_path(self.cache_dir, s.id, s.format): s.samples for s in manifest.shards}
         return list(self.counts)
 
     def epoch_started(self, rank: int, epoch: int, shards: Sequence[str]) -> None:
@@ -60,7 +60,8 @@ class CacheSource:
                 folders[d] = os.path.realpath(d) == mine
             return folders[d]
 
-        ids = [os.path.basename(p)[: -len(".tar")] for p in shards if p.endswith(".tar") and in_this_cache(p)]
+        names = [split_name(os.path.basename(p)) for p in shards if in_this_cache(p)]
+        ids = [n[0] for n in names if n is not None]
         write_reader(self.cache_dir, rank, epoch, self.generation, ids)
         self._touched = time.monotonic()
 

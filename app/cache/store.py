@@ -1,9 +1,9 @@
 """The cache directory's writer: publish, evict, recover (DESIGN.md, Cache directory).
 
 Invariants, kept by one lock in the one writer process (the sampler):
-- a shard appears under ``shards/<id>.tar`` only complete: written under
-  ``shards/.partial/``, verified, fsynced, then renamed;
-- its index ``shards/<id>.idx`` is in place before the shard is;
+- a shard appears under ``shards/<id>.tar`` (``.tfrecord``, ``.parquet``: manifest.SUFFIXES) only
+  complete: written under ``shards/.partial/``, verified, fsynced, then renamed;
+- its index (``shards/<id>.idx``, ``shards/<id>.tfrecord.idx``) is in place before the shard is;
 - ``manifest.json`` is replaced atomically with a higher generation;
 - eviction publishes a manifest without the shard first, then unlinks it — or, while a
   reader's lease names it (``readers.py``), keeps the file where it is, listed as
@@ -26,10 +26,12 @@ from ..formats.files import fsync_dir, sweep_temporaries
 from ..formats.shard_index import ShardError, build_index, index_path, write_index
 from .manifest import (
     SHARDS_DIR,
+    SUFFIXES,
     Manifest,
     ShardEntry,
     read_manifest,
     shard_path,
+    split_name,
     write_manifest,
 )
 from .readers import READERS_DIR
@@ -109,7 +111,7 @@ class CacheStore:
             return {s.id for s in self._manifest.shards}
 
     def partial_path(self, shard_id: str) -> str:
-        return os.path.join(self.partial_dir, f"{shard_id}.tar.{os.getpid()}.{threading.get_ident()}")
+        return os.path.join(self.partial_dir, f"{shard_id}.{os.getpid()}.{threading.get_ident()}")
 
     # -- writing -------------------------------------------------------------------------
 
@@ -139,11 +141,13 @@ class CacheStore:
                 self._on_evict(v)
 
     def _unlink(self, shard_id: str) -> None:
-        for p in (shard_path(self.root, shard_id), index_path(shard_path(self.root, shard_id))):
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
+        """The shard's file and index, whichever format it was cached as (a retained id keeps no format)."""
+        for fmt in SUFFIXES:
+            for p in (shard_path(self.root, shard_id, fmt), index_path(shard_path(self.root, shard_id, fmt))):
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
 
     def release(self) -> list[str]:
         """Remove the retained shards no reader's lease names any more; the ids removed."""
@@ -167,16 +171,17 @@ class CacheStore:
             self._evict_locked(victims)
             return victims
 
-    def publish(self, shard_id: str, partial: str, source: str = "", sha256: str = "") -> ShardEntry:
-        """Verify a downloaded file, make room, and publish it; raises ShardError or BudgetError."""
+    def publish(self, shard_id: str, partial: str, source: str = "", sha256: str = "", fmt: str = "tar") -> ShardEntry:
+        """Verify a downloaded file (a plain tar, TFRecord or Parquet file, ``fmt``), make room, and publish it;
+        raises ShardError or BudgetError."""
         size = os.path.getsize(partial)
         if size > self.budget_bytes:
             raise BudgetError(f"shard {shard_id} is {size} bytes, larger than the whole budget "
                               f"({self.budget_bytes} bytes): raise --budget / FEEDLINE_BUDGET")
-        index = build_index(partial)  # a complete tar, or ShardError
+        final = shard_path(self.root, shard_id, fmt)
+        index = build_index(partial, fmt=final)  # a whole file of its format (keys named by the id), or ShardError
         with open(partial, "rb") as f:
             os.fsync(f.fileno())
-        final = shard_path(self.root, shard_id)
         with self._lock:
             if any(s.id == shard_id for s in self._manifest.shards):
                 os.unlink(partial)
@@ -193,7 +198,7 @@ class CacheStore:
             write_index(index, index_path(final))
             os.replace(partial, final)
             fsync_dir(self.shards_dir)
-            entry = ShardEntry(shard_id, size, len(index.samples), time.time(), source, sha256)
+            entry = ShardEntry(shard_id, size, len(index.samples), time.time(), source, sha256, fmt)
             self._write(self._manifest.shards + [entry])
         log.info("published %s (%d bytes, %d samples); cache %d / %d bytes in %d shards", shard_id, size,
                  entry.samples, self.total_bytes, self.budget_bytes, len(self.entries))
@@ -221,12 +226,20 @@ class CacheStore:
                 old = Manifest()
             known = {s.id: s for s in old.shards}
             kept: list[ShardEntry] = []
-            on_disk = sorted(glob.glob(os.path.join(self.shards_dir, "*.tar")))
+            on_disk = sorted(p for suffix in SUFFIXES.values()
+                             for p in glob.glob(os.path.join(self.shards_dir, "*" + suffix)))
             self._retained = {}
+            indexes: set[str] = set()
             for path in on_disk:
-                sid = os.path.basename(path)[: -len(".tar")]
+                sid, fmt = split_name(os.path.basename(path)) or ("", "")
                 if sid in old.retained and sid not in known:  # still kept for a reader: release() decides
                     self._retained[sid] = os.path.getsize(path)
+                    indexes.add(index_path(path))
+                    continue
+                if any(e.id == sid for e in kept):  # one id cached twice (two formats): it is refetched
+                    log.warning("removing %s: shard %s is also on disk in another format", path, sid)
+                    os.unlink(path)
+                    r.removed_invalid += 1
                     continue
                 try:
                     index = build_index(path)
@@ -239,17 +252,19 @@ class CacheStore:
                     continue
                 size = os.path.getsize(path)
                 entry = known.get(sid)
-                if entry is None or entry.bytes != size or entry.samples != len(index.samples):
+                if (entry is None or entry.bytes != size or entry.samples != len(index.samples)
+                        or entry.format != fmt):
                     entry = ShardEntry(sid, size, len(index.samples), os.path.getmtime(path),
-                                       entry.source if entry else "", entry.sha256 if entry else "")
+                                       entry.source if entry else "", entry.sha256 if entry else "", fmt)
                     if sid not in known:
                         r.adopted += 1
                 write_index(index, index_path(path))
+                indexes.add(index_path(path))
                 kept.append(entry)
             present = {e.id for e in kept}
             r.dropped_missing = sum(1 for sid in known if sid not in present)
             for p in glob.glob(os.path.join(self.shards_dir, "*.idx")):
-                if os.path.basename(p)[: -len(".idx")] not in present | set(self._retained):
+                if p not in indexes:
                     os.unlink(p)
             self._manifest = Manifest(old.generation, self.budget_bytes, sorted(kept, key=lambda s: s.added_at))
             self._write(self._manifest.shards)

@@ -290,16 +290,18 @@ class Decoder:
         by the user's function for its name, never by a default that shares it."""
         return ext in self._user or not self._table
 
-    def value(self, name: str, data: bytes) -> Any:
+    def value(self, name: str, data: bytes | memoryview) -> Any:
         """A bytes value of a record format (a TFRecord feature, a Parquet column), which has a name, not an
         extension: the user's decoder for the name where ``decode=`` gives one (``decode=False``: a raw array),
         an image where the bytes are one (Pillow tells the format from them; a user's ``jpg``/``png`` decoder
-        first), else the bytes as they are. A default never applies by name: a string named ``id`` is no
+        first), else the bytes as they are (a view stays a view: ``parquet.read_row`` gives one only where
+        nothing but a batch slot reads it). A default never applies by name: a string named ``id`` is no
         ``.id`` member."""
         if self.overrides(name):
             return self(name, memoryview(data))
-        if data.startswith(_IMAGE_MAGIC) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP"):
-            return self("jpg" if data[:3] == b"\xff\xd8\xff" else "png", memoryview(data))
+        head = bytes(data[:12])
+        if head.startswith(_IMAGE_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
+            return self("jpg" if head[:3] == b"\xff\xd8\xff" else "png", memoryview(data))
         return data
 
     def function(self, ext: str) -> DecodeFn:

@@ -76,7 +76,7 @@ class RowGroups:
             pf = pq.ParquetFile(path, memory_map=True)
             names = {n.lower(): n for n in pf.schema_arrow.names}
             wanted = None if columns is None else [names[c] for c in columns if c in names]
-            table = pf.read_row_group(group, columns=wanted)
+            table = pf.read_row_group(group, columns=wanted, use_threads=False)
         except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
             raise DecodeError(f"row group {group} cannot be read: {exc}") from None
         self._groups[key] = table
@@ -90,8 +90,15 @@ class RowGroups:
 ROW_GROUPS = RowGroups()  # the worker's (one per process)
 
 
-def read_row(path: str, span: tuple[int, int], bound: int, columns: Collection[str] | None = None) -> dict[str, Any]:
-    """The row at ``span`` (row group, row) of the file: {column name, lowercased: (arrow type, value)}."""
+def read_row(path: str, span: tuple[int, int], bound: int, columns: Collection[str] | None = None,
+             views: Collection[str] = ()) -> dict[str, Any]:
+    """The row at ``span`` (row group, row) of the file: {column name, lowercased: (arrow type, value)}.
+
+    A binary value of a column in ``views`` is a read-only view of the row group's buffer, not a copy: for
+    values that only go into a batch slot (no transform sees them), a 1 MiB cell is then copied once, not
+    twice."""
+    import pyarrow as pa
+
     group, row = span
     table = ROW_GROUPS.table(path, group, None if columns is None else tuple(sorted(columns)))
     out: dict[str, Any] = {}
@@ -100,8 +107,12 @@ def read_row(path: str, span: tuple[int, int], bound: int, columns: Collection[s
         if key in out:
             raise DecodeError(f"columns {field.name!r} and another differ only in case; they are fields by their "
                               f"lowercased names")
-        value = column[row].as_py()
-        if isinstance(value, (bytes, str)) and len(value) > bound:
+        cell = column[row]
+        if key in views and cell.is_valid and (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)):
+            value: Any = memoryview(cell.as_buffer())
+        else:
+            value = cell.as_py()
+        if isinstance(value, (bytes, str, memoryview)) and len(value) > bound:
             raise MemberTooLarge(f"is a {len(value)}-byte value,", bound, member=key)
         out[key] = (field.type, value)
     return out
@@ -119,7 +130,7 @@ def column_value(name: str, typed: tuple[Any, Any], decoder: Decoder) -> Any:
     elif isinstance(value, dict) and "bytes" in value and value.get("path"):
         raise DecodeError(f"column {name!r} holds an image by path only ({value['path']!r}), not its bytes: "
                           f"write the dataset with its images embedded")
-    if isinstance(value, bytes):
+    if isinstance(value, (bytes, memoryview)):
         return decoder.value(name, value)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return np.array(value, dtype=kind.to_pandas_dtype())[()]

@@ -42,7 +42,10 @@ def masked_crc(data: Any) -> int:
     """TFRecord's CRC: CRC32C (Castagnoli), rotated right by 15 and offset, as TensorFlow's ``crc32c::Mask``."""
     import google_crc32c
 
-    crc = google_crc32c.value(bytes(data) if not isinstance(data, bytes) else data)
+    try:
+        crc = google_crc32c.value(data)  # bytes, or a read-only view (a mapped shard's): no copy
+    except TypeError:  # a writable buffer, which google_crc32c refuses
+        crc = google_crc32c.value(bytes(data))
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
@@ -132,7 +135,7 @@ def read_features(data: memoryview, span: tuple[int, int], bound: int) -> dict[s
         raise MemberTooLarge(f"is a {length}-byte record,", bound, member=RECORD)
     if off + length + _CRC.size > len(data):
         raise DecodeError(f"record data at byte {off} runs past the end of the shard")
-    payload = bytes(data[off : off + length])
+    payload = data[off : off + length]  # parsed from the mapped shard: the only copies are protobuf's
     (stored,) = _CRC.unpack_from(data, off + length)
     if masked_crc(payload) != stored:
         raise DecodeError(f"the record's data CRC does not match (bytes {off}-{off + length} of the shard): corrupt")

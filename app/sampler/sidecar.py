@@ -191,10 +191,10 @@ class Sidecar:
         plain = partial + ".plain"
         try:
             result = self.fetcher.fetch(shard, partial, self.settings.budget)
-            if shard.compression is not None:  # published as the tar it holds: workers mmap plain tars
+            if shard.compression is not None:  # published as the tar (or records) it holds: workers map plain files
                 decompress(partial, plain, shard.compression, self.settings.budget, self.stop_event.is_set)
                 os.replace(plain, partial)
-            self.store.publish(shard.id, partial, shard.url, shard.sha256)
+            self.store.publish(shard.id, partial, shard.url, shard.sha256, shard.format)
             self.sink.inc("fetch_bytes_total", result.bytes)
             self.sink.observe("fetch_seconds", result.seconds)
             self.schedule.succeeded(shard.id)

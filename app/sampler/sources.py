@@ -2,7 +2,8 @@
 
 - local: a directory, glob, shard path or ``file://`` URL, or a local index file;
 - ``http(s)://`` shard URLs with brace lists (``shard-{000000..001281}.tar``) and ``::`` lists;
-  presigned URLs (``...tar?X-Amz-Signature=...``) and compressed shards (``.tar.gz``) included;
+  presigned URLs (``...tar?X-Amz-Signature=...``) and compressed shards (``.tar.gz``) included; TFRecord
+  (``.tfrecord``, ``.tfrecord.gz``, TFDS's names) and ``.parquet`` files too, cached as they are;
 - ``s3://bucket/prefix/shard-{000000..000099}.tar``, or ``s3://bucket/prefix/`` for every shard
   under the prefix (S3-compatible stores: ``feedline.sampler.s3``);
 - an index file, local, over HTTP or in S3: one shard URL or path per line, optionally followed by
@@ -14,12 +15,12 @@
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..cache.manifest import shard_format
 from ..formats.urls import (
     RULES,
     IndexEntry,
@@ -28,16 +29,12 @@ from ..formats.urls import (
     expand,
     is_index,
     is_remote,
-    is_parquet,
     is_shard,
-    is_tfrecord,
     local_shards,
     parse_index,
     shard_stem,
 )
 
-
-log = logging.getLogger("feedline.sampler")
 
 
 class SourceError(ValueError):
@@ -49,9 +46,14 @@ class SourceShard:
     """One shard of the source: where to fetch it, its cache id, and what to verify."""
 
     url: str  # http(s)://... or an absolute local path
-    id: str  # the cache id: shards/<id>.tar
+    id: str  # the cache id: shards/<id>.tar (.tfrecord, .parquet: cache.manifest.SUFFIXES)
     sha256: str = ""
     size: int | None = None  # of the file as fetched (compressed, for a compressed shard)
+
+    @property
+    def format(self) -> str:
+        """What it is cached as once plain: ``tar``, ``tfrecord`` or ``parquet``."""
+        return shard_format(self.url)
 
     @property
     def is_http(self) -> bool:
@@ -109,15 +111,6 @@ def list_shards(source: str, fetch_text: Callable[[str], str] | None = None,
         raise SourceError(f"source {source!r}: {exc}") from None
     if not entries:
         raise SourceError(f"source {source!r}: no shard found ({RULES})")
-    records = [e.url for e in entries if is_tfrecord(e.url) or is_parquet(e.url)]
-    if records:
-        why = ("the sidecar caches tar shards only: read TFRecord and Parquet files with the loader's shards= "
-               "(FEEDLINE_SHARDS)")
-        if len(records) == len(entries):
-            raise SourceError(f"source {source!r}: {records[0]} is a TFRecord or Parquet file, and {why}")
-        log.warning("source %r: %d TFRecord or Parquet file(s) left out (%s, ...): %s", source, len(records),
-                    records[0], why)
-        entries = [e for e in entries if not (is_tfrecord(e.url) or is_parquet(e.url))]
     unique = dict((e.url, e) for e in entries).values()
     entries = [IndexEntry(e.url, e.sha256, e.size if e.size is not None or is_remote(e.url)
                           or not os.path.exists(e.url) else os.path.getsize(e.url)) for e in unique]

@@ -6,6 +6,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from ..cache.manifest import SUFFIXES
+
 
 @dataclass(frozen=True)
 class Footprint:
@@ -78,14 +80,15 @@ def retained(path: str) -> set[str]:
     """File names of the evicted shards the cache keeps for a reader's epoch (its manifest's ``retained``)."""
     try:
         with open(os.path.join(path, "manifest.json")) as f:
-            return {f"{i}.tar" for i in json.load(f).get("retained", [])}
+            ids = json.load(f).get("retained", [])
     except (OSError, ValueError, AttributeError):
         return set()
+    return {i + suffix for i in ids for suffix in SUFFIXES.values()}
 
 
 def shard_bytes(path: str, kept: bool = False) -> int:
-    """Bytes of the shards under ``path`` (``.tar`` files and downloads in progress), as the budget counts them;
-    with ``kept``, those of the evicted shards kept for a reader's epoch instead (not in the budget). The
+    """Bytes of the shards under ``path`` (``.tar``, ``.tfrecord``, ``.parquet`` files and downloads in progress),
+    as the budget counts them; with ``kept``, those of the evicted shards kept for a reader's epoch instead (not in the budget). The
     cache's other files (indexes, the manifest, reader leases) are the rest of ``tree_bytes``."""
     total = 0
     names = retained(path)
@@ -93,7 +96,7 @@ def shard_bytes(path: str, kept: bool = False) -> int:
         for name in files:
             if (name in names) != kept:
                 continue
-            if name.endswith((".tar", ".partial")) or ".partial" in root:
+            if name.endswith((*SUFFIXES.values(), ".partial")) or ".partial" in root:
                 try:
                     total += os.lstat(os.path.join(root, name)).st_size
                 except FileNotFoundError:

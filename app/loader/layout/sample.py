@@ -44,6 +44,12 @@ class FieldSelection:
         """The member extensions to decode (None: all)."""
         return None if self.names is None else {e for alts in self.names.values() for e in alts}
 
+    def sources_of(self, fields: Collection[str]) -> set[str]:
+        """The members (columns, features) the named fields are read from."""
+        if self.names is None:
+            return set(fields)
+        return {e for name, alts in self.names.items() if name in fields for e in alts}
+
     def describe(self) -> str:
         if self.names is None:
             return "every member"
@@ -64,11 +70,13 @@ class FieldSelection:
 
 def load_sample(data: memoryview, path: str, ref: Sample, decoder: Decoder, selection: FieldSelection,
                 wanted: set[str] | None, transform: Transform | None,
-                required: set[str], source: str | None = None) -> tuple[dict[str, Any], int]:
+                required: set[str], source: str | None = None, slotted: Collection[str] = ()) -> tuple[dict[str, Any], int]:
     """Decode (only what is selected or wanted) and transform one sample; (sample, bytes read).
 
     ``wanted`` narrows the members further where nothing but the spec reads them (no transform);
-    ``source`` (a mixture) is the sample's source name, which the transform sees as ``__source__``.
+    ``source`` (a mixture) is the sample's source name, which the transform sees as ``__source__``;
+    ``slotted``: the fields that go straight into a batch slot's array, which a Parquet row may hand over as
+    views of its buffers (no transform between: nobody else sees them).
     """
     read = 0
     if tfrecord.is_tfrecord(path):  # a record: its features are the sample's fields
@@ -80,9 +88,10 @@ def load_sample(data: memoryview, path: str, ref: Sample, decoder: Decoder, sele
             return tfrecord.feature_value(name, features[name], decoder)
     elif parquet.is_parquet(path):  # a row: its columns are the sample's fields
         names = selection.extensions if selection.names is not None else wanted
-        columns = parquet.read_row(path, ref.fields[parquet.RECORD], decoder.max_member_bytes, names)
+        views = selection.sources_of(slotted) if transform is None else ()
+        columns = parquet.read_row(path, ref.fields[parquet.RECORD], decoder.max_member_bytes, names, views)
         present = columns
-        read = sum(len(v) for _, v in columns.values() if isinstance(v, (bytes, str)))
+        read = sum(len(v) for _, v in columns.values() if isinstance(v, (bytes, str, memoryview)))
 
         def decode(name: str) -> Any:
             return parquet.column_value(name, columns[name], decoder)

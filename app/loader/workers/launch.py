@@ -228,6 +228,9 @@ def child(header: dict[str, Any]) -> None:
     """The worker's entry point: import the script if needed, load the user's code, serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     _die_with_parent(header["trainer"])
+    from .heap import reuse_large_buffers
+
+    reuse_large_buffers()
     _close_inherited({0, 1, 2, header["conn"], header["stack"], header["code_fd"], *header["shared"],
                       *header["shard_fds"].values()})
     from .messages import STACK_SIGNAL, encode_fatal

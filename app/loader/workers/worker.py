@@ -159,6 +159,7 @@ class Worker:
         self.side = SideWriter(layout.side_fields, layout.side_bytes)
         self.sources = layout.spec.sources
         self.wanted = self.sources if args.code.transform is None else None
+        self.slotted = frozenset(f.source for f in self.fields)  # array fields: what a slot's write reads once
         self.reseed = args.code.transform is not None  # only a transform draws: plain decoding costs nothing
         self.epoch: _Epoch | None = None
         self.inherited = dict(args.shard_fds)  # a replacement's: the dead worker's epoch's shards (held.py)
@@ -261,7 +262,8 @@ class Worker:
         source = labels[item.shard.ordinal] if labels else None
         try:
             sample, read = load_sample(data, item.shard.path, item.sample, self.code.decoder,
-                                       self.code.selection, self.wanted, self.code.transform, self.sources, source)
+                                       self.code.selection, self.wanted, self.code.transform, self.sources, source,
+                                       self.slotted)
             written = 0
             for f in self.fields:
                 written += fill(f, views[f.name], sample[f.source], views.get(f.length_name), i)
