@@ -159,3 +159,68 @@ def test_from_env_reads_record_files_named_by_feedline_shards(tmp_path):
            "FEEDLINE_DEVICE": "cpu"}
     with StagingLoader.from_env(env=env, fields=FIELDS, spec={"id": "int64", "payload": ("uint8", (64,))}) as loader:
         assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(120))
+
+
+def test_cached_record_files_evicted_after_the_epoch_started_still_read_whole(tmp_path):
+    root = str(tmp_path / "cache")
+    store = CacheStore(root, 1 << 30)
+    for k in range(2):  # files of 30 rows in groups of 4 and of 30 records: more rows than one batch reads
+        copy_in(store, pyarrow_rows(tmp_path / f"p{k}.parquet", range(k * 30, k * 30 + 30), row_group_size=4),
+                f"p{k}", "parquet")
+        copy_in(store, write_id_records(tmp_path / f"r{k}.tfrecord", range(100 + k * 30, 130 + k * 30)), f"r{k}",
+                "tfrecord")
+    with StagingLoader(cache=root, batch_size=4, workers=1, fields=FIELDS, shuffle_buffer=0,
+                       spec={"id": "int64", "payload": ("uint8", (64,))}) as loader:
+        it = iter(loader)
+        first = next(it)
+        store.evict_oldest(4)  # every file of the epoch is unlinked while the epoch runs
+        assert os.listdir(os.path.join(root, "shards")) == [".partial"]
+        ids = first["id"].tolist() + [i for b in it for i in b["id"].tolist()]
+        errors = loader.stats().sample_errors_total
+    assert sorted(ids) == [*range(60), *range(100, 160)] and sum(errors.values()) == 0
+
+
+def test_a_restart_keeps_the_file_in_the_manifests_format_when_an_id_is_on_disk_in_two(tmp_path):
+    root = str(tmp_path / "cache")
+    store = CacheStore(root, 1 << 30)
+    copy_in(store, pyarrow_rows(tmp_path / "x.parquet", range(30), row_group_size=7), "x", "parquet")
+    shutil.copyfile(write_id_records(tmp_path / "x.tfrecord", range(5)), shard_path(root, "x", "tfrecord"))
+    again = CacheStore(root, 1 << 30)
+    r = again.recover()
+    assert [(e.id, e.format, e.samples) for e in again.entries] == [("x", "parquet", 30)] and r.removed_invalid == 1
+    assert sorted(os.listdir(os.path.join(root, "shards"))) == [".partial", "x.parquet", "x.parquet.idx"]
+
+
+def test_the_sidecar_fetches_anew_a_shard_the_source_now_has_in_another_format(tmp_path, cache, samplers):
+    id_shards(str(tmp_path / "old"), shards=1, per_shard=20)
+    store = CacheStore(cache, 1 << 30)
+    copy_in(store, tmp_path / "old" / "ids-0000.tar", "ids-0000", "tar")  # cached when the source held a tar
+    (tmp_path / "remote").mkdir()
+    pyarrow_rows(tmp_path / "remote" / "ids-0000.parquet", range(50, 80), row_group_size=8)
+    with FileStore(str(tmp_path / "remote")) as remote:
+        s = Sampler(remote, cache, "--policy", "fill", "--budget", "16MiB", source=f"{remote.url}/ids-0000.parquet")
+        samplers.append(s)
+        s.wait_ready()
+        assert [(e.id, e.format, e.samples) for e in read_manifest(cache).shards] == [("ids-0000", "parquet", 30)]
+        assert "in another format than the source's now" in s.stop()
+    assert sorted(os.listdir(os.path.join(cache, "shards"))) == [".partial", "ids-0000.parquet", "ids-0000.parquet.idx"]
+
+
+def test_a_parquet_cell_over_the_member_bound_is_skipped_and_counted_with_or_without_a_transform(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "big.parquet")
+    cells = [bytes(2048) if i % 3 == 0 else bytes(512) for i in range(6)]  # rows 0 and 3 over a 1 KiB bound
+    pq.write_table(pa.table({"cls": pa.array(range(6), pa.int64()), "bin": pa.array(cells, pa.binary())}), path,
+                   row_group_size=3)
+    for transform in (None, Identity()):  # without one, cells reach the slot as views; with one, as bytes
+        with StagingLoader(path, batch_size=2, workers=1, fields=FIELDS, max_member_bytes=1024, transform=transform,
+                           spec={"id": "int64", "payload": ("uint8", (512,))}, max_sample_errors=0.5) as loader:
+            assert sorted(i for b in loader for i in b["id"].tolist()) == [1, 2, 4, 5]
+            assert loader.stats().sample_errors_total["member_too_large"] == 2
+
+
+class Identity:
+    def __call__(self, sample):
+        return sample

@@ -140,9 +140,10 @@ class CacheStore:
             if self._on_evict is not None:
                 self._on_evict(v)
 
-    def _unlink(self, shard_id: str) -> None:
-        """The shard's file and index, whichever format it was cached as (a retained id keeps no format)."""
-        for fmt in SUFFIXES:
+    def _unlink(self, shard_id: str, keep: str = "") -> None:
+        """The shard's file and index, whichever format it was cached as (a retained id keeps no format); but
+        not those of format ``keep``."""
+        for fmt in SUFFIXES.keys() - {keep}:
             for p in (shard_path(self.root, shard_id, fmt), index_path(shard_path(self.root, shard_id, fmt))):
                 try:
                     os.unlink(p)
@@ -164,6 +165,13 @@ class CacheStore:
             self._write(self._manifest.shards)
         log.info("removed %d evicted shard(s) no reader's epoch reads any more: %s", len(done), ", ".join(done[:5]))
         return done
+
+    def evict(self, ids: set[str]) -> list[ShardEntry]:
+        """Evict these shards now (a shard the source now has in another format: fetched anew)."""
+        with self._lock:
+            victims = [s for s in self._manifest.shards if s.id in ids]
+            self._evict_locked(victims)
+            return victims
 
     def evict_oldest(self, count: int) -> list[ShardEntry]:
         with self._lock:
@@ -195,6 +203,7 @@ class CacheStore:
                 total -= v.bytes
             self._evict_locked(victims)
             self._retained.pop(shard_id, None)  # fetched again: published (the same bytes) in its place
+            self._unlink(shard_id, keep=fmt)  # a retained file of the id in another format: gone, not untracked
             write_index(index, index_path(final))
             os.replace(partial, final)
             fsync_dir(self.shards_dir)
@@ -230,16 +239,23 @@ class CacheStore:
                              for p in glob.glob(os.path.join(self.shards_dir, "*" + suffix)))
             self._retained = {}
             indexes: set[str] = set()
+            first: dict[str, str] = {}  # id -> the one file kept for it: the manifest's format, else the first
             for path in on_disk:
                 sid, fmt = split_name(os.path.basename(path)) or ("", "")
+                if sid not in first or (sid in known and fmt == known[sid].format):
+                    first[sid] = path
+            for path in on_disk:
+                sid, fmt = split_name(os.path.basename(path)) or ("", "")
+                if first[sid] != path:  # one id on disk in two formats (the source changed): one file stays
+                    log.warning("removing %s: shard %s is on disk as %s too", path, sid, first[sid])
+                    for p in (path, index_path(path)):
+                        if os.path.exists(p):
+                            os.unlink(p)
+                    r.removed_invalid += 1
+                    continue
                 if sid in old.retained and sid not in known:  # still kept for a reader: release() decides
                     self._retained[sid] = os.path.getsize(path)
                     indexes.add(index_path(path))
-                    continue
-                if any(e.id == sid for e in kept):  # one id cached twice (two formats): it is refetched
-                    log.warning("removing %s: shard %s is also on disk in another format", path, sid)
-                    os.unlink(path)
-                    r.removed_invalid += 1
                     continue
                 try:
                     index = build_index(path)

@@ -15,7 +15,6 @@ as Python values. A ``decode={"column": fn}`` decoder of the user's is given a b
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from collections.abc import Collection
 from typing import Any
@@ -55,44 +54,57 @@ def build_index(path: str, fd: int | None = None, name: str | None = None) -> Sh
 
 
 class RowGroups:
-    """The row groups a worker read last, newest kept, within ``max_bytes`` (the group in use always)."""
+    """The row groups a worker read last, newest kept, within ``max_bytes`` (the group in use always).
+
+    A group is read from the worker's mapping of the file, not by its path: a cached file evicted (unlinked)
+    while an epoch reads it still reads whole, as tar and TFRecord shards do, and nothing is opened per row. A
+    group read from one mapping is reused only for that mapping (a file replaced under its name is mapped
+    anew); the cache holds the mappings of the groups it keeps."""
 
     def __init__(self, max_bytes: int = GROUP_CACHE_BYTES):
         self.max_bytes = max_bytes
-        self._groups: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._groups: OrderedDict[tuple[Any, ...], tuple[Any, Any]] = OrderedDict()
         self._bytes = 0
 
-    def table(self, path: str, group: int, columns: tuple[str, ...] | None) -> Any:
+    def table(self, path: str, data: memoryview, group: int, columns: tuple[str, ...] | None) -> Any:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        st = os.stat(path)
-        key = (path, st.st_size, st.st_mtime_ns, group, columns)  # a file replaced under its name: read anew
-        table = self._groups.get(key)
-        if table is not None:
+        base = data.obj if data.obj is not None else data  # the mapping itself: a view of it may be released
+        key = (path, group, columns)
+        hit = self._groups.get(key)
+        if hit is not None and hit[0] is base:
             self._groups.move_to_end(key)
-            return table
+            return hit[1]
         try:
-            pf = pq.ParquetFile(path, memory_map=True)
+            pf = pq.ParquetFile(pa.BufferReader(pa.py_buffer(base)))
             names = {n.lower(): n for n in pf.schema_arrow.names}
             wanted = None if columns is None else [names[c] for c in columns if c in names]
             table = pf.read_row_group(group, columns=wanted, use_threads=False)
         except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
             raise DecodeError(f"row group {group} cannot be read: {exc}") from None
-        self._groups[key] = table
+        if hit is not None:
+            self._bytes -= self._groups.pop(key)[1].nbytes
+        self._groups[key] = (base, table)
         self._bytes += table.nbytes
         while self._bytes > self.max_bytes and len(self._groups) > 1:
-            _, old = self._groups.popitem(last=False)
+            _, (_, old) = self._groups.popitem(last=False)
             self._bytes -= old.nbytes
         return table
+
+    def clear(self) -> None:
+        """Drop every group (and so the mappings they hold): the trainer's probe keeps none."""
+        self._groups.clear()
+        self._bytes = 0
 
 
 ROW_GROUPS = RowGroups()  # the worker's (one per process)
 
 
-def read_row(path: str, span: tuple[int, int], bound: int, columns: Collection[str] | None = None,
+def read_row(path: str, data: memoryview, span: tuple[int, int], bound: int, columns: Collection[str] | None = None,
              views: Collection[str] = ()) -> dict[str, Any]:
-    """The row at ``span`` (row group, row) of the file: {column name, lowercased: (arrow type, value)}.
+    """The row at ``span`` (row group, row) of the file mapped at ``data``: {column name, lowercased: (arrow type,
+    value)}.
 
     A binary value of a column in ``views`` is a read-only view of the row group's buffer, not a copy: for
     values that only go into a batch slot (no transform sees them), a 1 MiB cell is then copied once, not
@@ -100,7 +112,7 @@ def read_row(path: str, span: tuple[int, int], bound: int, columns: Collection[s
     import pyarrow as pa
 
     group, row = span
-    table = ROW_GROUPS.table(path, group, None if columns is None else tuple(sorted(columns)))
+    table = ROW_GROUPS.table(path, data, group, None if columns is None else tuple(sorted(columns)))
     out: dict[str, Any] = {}
     for field, column in zip(table.schema, table.columns):
         key = field.name.lower()

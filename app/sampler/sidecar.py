@@ -257,6 +257,12 @@ class Sidecar:
         """Fill the cache until ``stop()``; returns the process exit code."""
         s = self.settings
         self.store.recover()
+        formats = {x.id: x.format for x in self.shards}
+        stale = {e.id for e in self.store.entries if e.id in formats and e.format != formats[e.id]}
+        if stale:  # the source now has these in another format (a .tar became a .parquet of the same name)
+            log.warning("%d cached shard(s) are in another format than the source's now (%s, ...): evicted, to be "
+                        "fetched anew", len(stale), sorted(stale)[0])
+            self.store.evict(stale)
         last_epoch = max((r.epoch for r in read_readers(self.cache_dir)), default=None)
         self._quota = self.policy.initial(len(self.store.entries))
         log.info("sampling into %s: budget %s, policy %s, %d fetch threads", self.cache_dir, fmt_bytes(s.budget),

@@ -89,7 +89,7 @@ def load_sample(data: memoryview, path: str, ref: Sample, decoder: Decoder, sele
     elif parquet.is_parquet(path):  # a row: its columns are the sample's fields
         names = selection.extensions if selection.names is not None else wanted
         views = selection.sources_of(slotted) if transform is None else ()
-        columns = parquet.read_row(path, ref.fields[parquet.RECORD], decoder.max_member_bytes, names, views)
+        columns = parquet.read_row(path, data, ref.fields[parquet.RECORD], decoder.max_member_bytes, names, views)
         present = columns
         read = sum(len(v) for _, v in columns.values() if isinstance(v, (bytes, str, memoryview)))
 

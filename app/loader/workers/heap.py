@@ -4,9 +4,11 @@ glibc's malloc serves a request above its mmap threshold (128 KiB at start) with
 unmaps on free, and trims the heap's top whenever more than its trim threshold lies free there. A worker
 that copies 1 MiB values (a TFRecord feature, a Parquet cell) then faults in and zeroes every page of every
 copy: about 60 % of its time on raw 1 MiB TFRecords here, which read 4x faster once the buffers are reused.
-So a worker raises both thresholds: such buffers come from the heap and are reused, and at most ``TRIM``
-bytes of free heap stay resident (counted in its private memory, as ``worker_memory`` sees it). Where
-malloc is not glibc's (musl), nothing changes.
+So a worker raises both thresholds: such buffers come from the heap and are reused. The trim threshold
+keeps up to ``TRIM`` bytes free at the heap's top; free memory below live blocks stays resident as it always
+did, and a fixed mmap threshold of 32 MiB is where glibc's own adaptation ends anyway. A worker's private
+memory is therefore a little higher and steadier; ``worker_memory`` still bounds it, and the soak checks
+that it stays flat over a run. Where malloc is not glibc's (musl), nothing changes.
 """
 
 from __future__ import annotations

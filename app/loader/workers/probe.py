@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import mmap
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -69,9 +70,13 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
         refs = index.samples[:PROBE_PER_SHARD]
         if not refs:
             continue
-        with open(path, "rb") as f:
-            end = max(off + size for s in refs for off, size in s.fields.values())
-            data = memoryview(f.read(end + (tfrecord.TRAILER if tfrecord.is_tfrecord(path) else 0)))
+        if parquet.is_parquet(path):  # a row is a place in a row group, read from the file's mapping
+            with open(path, "rb") as f:
+                data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        else:
+            with open(path, "rb") as f:
+                end = max(off + size for s in refs for off, size in s.fields.values())
+                data = memoryview(f.read(end + (tfrecord.TRAILER if tfrecord.is_tfrecord(path) else 0)))
         for ref in refs:
             try:
                 sample, _ = load_sample(data, path, ref, decoder, selection, wanted, transform, set())
@@ -81,6 +86,7 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
                 log.warning("%s sample %r cannot be read (%s); trying the next", path, ref.key, exc)
                 continue
             found.samples.append(sample)
+        parquet.ROW_GROUPS.clear()  # the trainer keeps no row groups, nor their mappings
     return found
 
 

@@ -159,7 +159,8 @@ class Worker:
         self.side = SideWriter(layout.side_fields, layout.side_bytes)
         self.sources = layout.spec.sources
         self.wanted = self.sources if args.code.transform is None else None
-        self.slotted = frozenset(f.source for f in self.fields)  # array fields: what a slot's write reads once
+        # array fields, which a slot's write reads once (a source also read by a side field is not among them)
+        self.slotted = frozenset(f.source for f in self.fields) - {f.source for f in layout.side_fields}
         self.reseed = args.code.transform is not None  # only a transform draws: plain decoding costs nothing
         self.epoch: _Epoch | None = None
         self.inherited = dict(args.shard_fds)  # a replacement's: the dead worker's epoch's shards (held.py)
