@@ -23,7 +23,7 @@ ALLOWED = {
     "sampler": {"sampler", "formats", "cache"} | BASE,
     "metrics": {"metrics", "loader", "sampler", "cache", "formats", PACKAGE} | BASE,
 }
-FACE = {PACKAGE, "__main__", "api", "config", "cli", "train", "run", "checkpoint", "stopping", "distributed", "demo",
+FACE = {PACKAGE, "__main__", "api", "config", "cli", "train", "sgd", "run", "checkpoint", "stopping", "distributed", "demo",
         "bench", "report", "mixing", "keytrace", "soak", "doctor"}  # may import anything
 
 # Inside the loader, the stages in the order of the data flow (docs/architecture.md, "The loader's folders").

@@ -3,7 +3,6 @@ sample of the tar shards, their loaders deliver them with the bench's per-sample
 alone (issues 35 and 36)."""
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -15,40 +14,27 @@ from helpers import jpeg_bytes, write_tar
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS_PY = os.path.join(ROOT, ".venv-peers", "bin", "python")
 
-# run by .venv-peers's Python on the formats the bench wrote: one epoch of each peer's loader (every label it
-# delivered, the images' shape), and the versions its venv holds
-EPOCHS = """
-import glob, json, sys
-import datasets, litdata, numpy, PIL, tensorflow, torch
-from feedline.bench import peers
-root = sys.argv[1]
-report = {"versions": [numpy.__version__, torch.__version__, PIL.__version__, peers.import_streaming().__version__,
-                       litdata.__version__, tensorflow.__version__, datasets.__version__]}
-for name in peers.PEERS:
-    loader = peers.LOADERS[name](f"{root}/{name}", "jpeg", 32, 8, 1)
-    labels, shapes = [], set()
-    for batch in loader:
-        labels += batch["cls"].tolist()
-        shapes.add(tuple(batch["jpg"].shape[1:]) + (str(batch["jpg"].dtype),))
-    del loader
-    peers.close(name)
-    report[name] = {"labels": sorted(labels), "shapes": sorted(shapes)}
-print(json.dumps(report))
-"""
+EVERY = ["mosaic", "litdata", "tfdata", "hf"]
 
 
 @pytest.fixture(scope="module")
 def peers_run(tmp_path_factory):
+    """Each peer's format written as the bench writes them (all, in one process), then each peer run as a bench
+    contender from .venv-peers, reporting its first epoch: every label, the samples' shapes, its versions."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from feedline.bench import runner
 
     d = tmp_path_factory.mktemp("peers")
     for k in range(2):
         write_tar(str(d / f"p-{k}.tar"), [(f"k{k}{i:03d}", {"jpg": jpeg_bytes(k * 100 + i, (48, 40)),
                                                             "cls": str(k * 100 + i).encode()}) for i in range(20)])
-    runner._peer_formats(str(d), "jpeg", PEERS_PY)  # as the bench writes them: all, in one process
-    run = subprocess.run([PEERS_PY, "-c", EPOCHS, str(d)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return {"root": d, **json.loads(run.stdout.strip().splitlines()[-1])}
+    runner._peer_formats(str(d), "jpeg", PEERS_PY)
+    args = argparse.Namespace(workers=1, batch_size=8, seconds=0.5, sample_size="1MiB")
+    with ThreadPoolExecutor(2) as pool:  # side by side: each is mostly its imports
+        got = list(pool.map(lambda peer: runner._peer_contender(peer, "jpeg", str(d), args, PEERS_PY, None,
+                                                                "--image-size", "32", "--report-epoch"), EVERY))
+    return {"root": d, **dict(zip(EVERY, got))}
 
 
 def _minor(version):
@@ -58,11 +44,11 @@ def _minor(version):
 LABELS = sorted(k * 100 + i for k in range(2) for i in range(20))
 
 
-@pytest.mark.parametrize("peer", ["mosaic", "litdata", "tfdata", "hf"])
+@pytest.mark.parametrize("peer", EVERY)
 def test_a_peer_loader_delivers_every_sample_of_the_tar_shards_once_at_the_crop_size(peers_run, peer):
-    got = peers_run[peer]
+    got = peers_run[peer]["first_epoch"]
     assert (peers_run["root"] / peer / "complete").exists()  # the format's write finished
-    assert got["labels"] == LABELS
+    assert got["complete"] and got["labels"] == LABELS
     assert got["shapes"] == [[32, 32, 3, "torch.uint8"]]
 
 
@@ -83,26 +69,18 @@ def test_the_peers_venv_keeps_its_own_pins_and_leaves_the_projects_alone(peers_r
     import PIL
     import torch
 
-    np_peer, torch_peer, pil_peer, mosaic, lit, tf, hf = peers_run["versions"]
-    assert _minor(np_peer) < (2, 2) and torch_peer == torch.__version__ and pil_peer == PIL.__version__
-    assert (mosaic, lit, tf, hf) == ("0.13.0", "0.2.76", "2.21.0", "5.0.1")
+    for peer, want in (("mosaic", "0.13.0"), ("litdata", "0.2.76"), ("tfdata", "2.21.0"), ("hf", "5.0.1")):
+        got = peers_run[peer]
+        assert got["versions"][peer] == want and got["pil"] == PIL.__version__
+        assert _minor(got["versions"]["numpy"]) < (2, 2) and got["versions"]["torch"] == torch.__version__
     assert _minor(numpy.__version__) >= (2, 2) and PIL.__version__.endswith(".post0")  # .venv: untouched
     site = os.path.join(os.path.dirname(sys.executable), "..", "lib", "python3.11", "site-packages")
     assert not os.path.exists(os.path.join(site, "streaming")) and not os.path.exists(os.path.join(site, "litdata"))
 
 
 def test_each_peer_runs_as_a_bench_contender_from_its_own_venv(peers_run):
-    from concurrent.futures import ThreadPoolExecutor
-
-    from feedline.bench import runner
-
-    args = argparse.Namespace(workers=1, batch_size=8, seconds=0.5, sample_size="1MiB")
-    every = ["mosaic", "litdata", "tfdata", "hf"]
-    with ThreadPoolExecutor(2) as pool:  # side by side: each is mostly its imports
-        got = list(pool.map(lambda peer: runner._peer_contender(peer, "jpeg", str(peers_run["root"]), args, PEERS_PY),
-                            every))
-    assert [g["loader"] for g in got] == every
-    assert all(g["samples_per_s"] > 0 and g["pil"].endswith(".post0") for g in got)
+    assert [peers_run[peer]["loader"] for peer in EVERY] == EVERY
+    assert all(peers_run[peer]["samples_per_s"] > 0 for peer in EVERY)
 
 
 def test_the_peer_targets_are_feedlines_ratios_to_each_peer_row():

@@ -330,3 +330,31 @@ def test_resume_without_a_checkpoint_directory_is_refused():
     out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", "x", "--resume"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "checkpoint" in out.stderr
+
+
+def test_the_demo_jobs_optimizer_steps_and_saves_as_torch_optim_sgd_does_and_loads_its_checkpoints():
+    import copy
+
+    import torch
+
+    from feedline.sgd import MomentumSGD
+
+    torch.manual_seed(0)
+    ours = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+    theirs = copy.deepcopy(ours)
+    opts = [MomentumSGD(ours.parameters(), lr=0.05, momentum=0.9),
+            torch.optim.SGD(theirs.parameters(), lr=0.05, momentum=0.9)]
+    for _ in range(4):
+        x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+        for model, opt in zip((ours, theirs), opts):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters()))  # bit for bit
+    mine, torchs = opts[0].state_dict(), opts[1].state_dict()
+    assert mine["param_groups"] == torchs["param_groups"]
+    assert all(torch.equal(mine["state"][i]["momentum_buffer"], torchs["state"][i]["momentum_buffer"])
+               for i in torchs["state"])
+    fresh = MomentumSGD(copy.deepcopy(theirs).parameters(), lr=1.0, momentum=0.0)
+    fresh.load_state_dict(torchs)  # a checkpoint an earlier version (torch.optim) wrote
+    assert (fresh.lr, fresh.momentum) == (0.05, 0.9) and torch.equal(fresh.buffers[0], torchs["state"][0]["momentum_buffer"])

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..formats.transforms import RandomResizedCrop
-from .peers import PEERS
+from . import peers
 from .samples import Convert, collate_mixed, tar_samples
 
 
@@ -95,8 +95,6 @@ def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str,
 def _peer(name: str) -> Callable[[argparse.Namespace, list[str]], Iterable[dict[str, Any]]]:
     """A peer loader (``peers.py``, run by ``.venv-peers``'s Python): ``--shards`` is its format's directory."""
     def make(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
-        from . import peers
-
         return peers.LOADERS[name](args.shards, args.workload, args.image_size, args.batch_size, args.workers)
 
     return make
@@ -124,10 +122,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t_start = cpu_start = None
     deadline = None
     epochs = 0
+    first: dict[str, Any] = {"labels": [], "shapes": set()}  # --report-epoch: what the first epoch delivered
     try:
         while True:
             for batch in loader:
                 n, b, tensors = _batch_payload(batch)
+                if args.report_epoch and epochs == 0 and isinstance(batch, dict):
+                    first["labels"] += batch["cls"].tolist()
+                    first["shapes"] |= {(*v.shape[1:], str(v.dtype)) for k, v in batch.items()
+                                        if k != "cls" and isinstance(v, torch.Tensor)}
                 if cuda is not None and tensors[0].device.type != "cuda":
                     tensors = [t.to(cuda, non_blocking=True) for t in tensors]
                 batches += 1
@@ -155,13 +158,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             extra["h2d_gb_per_s"] = st.bytes_total["transferred"] / st.h2d_seconds.sum / 1e9
     if hasattr(loader, "close"):
         loader.close()
-    if args.loader in PEERS:
-        from . import peers
-
+    if args.loader in peers.PEERS:
         del loader  # its workers end here (persistent_workers), before what they share is cleaned
         peers.close(args.loader)
     import PIL
 
+    if args.report_epoch:
+        extra["first_epoch"] = {"complete": epochs > 0, "labels": sorted(first["labels"]),
+                                "shapes": sorted(first["shapes"])}
+    extra["versions"] = {"numpy": np.__version__, "torch": torch.__version__}
+    if args.loader in peers.PEERS:
+        extra["versions"][args.loader] = peers.version(args.loader)
     return {"loader": args.loader, "workload": args.workload, "samples": samples, "seconds": wall,
             "samples_per_s": samples / wall, "mb_per_s": nbytes / 1e6 / wall, "main_cpu_pct": 100.0 * cpu / wall,
             "epochs": epochs, "pil": PIL.__version__, "zero_copy": bool(args.zero_copy), **extra}
@@ -236,7 +243,7 @@ def single_core_rate(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("loader", choices=("feedline", "dataloader", "webdataset", *PEERS, "single-core"))
+    p.add_argument("loader", choices=("feedline", "dataloader", "webdataset", *peers.PEERS, "single-core"))
     p.add_argument("--workload", choices=("raw", "jpeg", "captioned"), required=True)
     p.add_argument("--shards", required=True, help="a glob of shards (tar, TFRecord or Parquet files; a peer: its format's directory)")
     p.add_argument("--workers", type=int, default=2)
@@ -254,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device-decode", action="store_true", help="feedline, jpeg: decode where the batch lands")
     p.add_argument("--cache", default="", help="feedline: read a sampler's cache instead of --shards")
     p.add_argument("--mix", action="store_true", help="feedline: the shards as a two-source mixture")
+    p.add_argument("--report-epoch", action="store_true",
+                   help="add the first epoch's labels and sample shapes to the result (a check that it is whole)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     result = single_core_rate(args) if args.loader == "single-core" else run(args)

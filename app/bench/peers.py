@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import functools
 import glob
+import importlib
 import os
 import shutil
 import sys
@@ -226,6 +227,14 @@ def hf_loader(path: str, workload: str, image_size: int, batch_size: int, worker
 
 
 LOADERS = {"mosaic": mosaic_loader, "litdata": litdata_loader, "tfdata": tfdata_loader, "hf": hf_loader}
+
+
+def version(peer: str) -> str:
+    """The version of the package a peer's row runs."""
+    if peer == "mosaic":
+        return str(import_streaming().__version__)
+    module = {"litdata": "litdata", "tfdata": "tensorflow", "hf": "datasets"}[peer]
+    return str(importlib.import_module(module).__version__)
 
 
 def close(peer: str) -> None:

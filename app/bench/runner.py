@@ -144,13 +144,13 @@ def _peer_formats(src: str, workload: str, python: str) -> None:
 
 
 def _peer_contender(peer: str, workload: str, root: str, args: argparse.Namespace, python: str,
-                    seconds: float | None = None) -> dict[str, Any]:
+                    seconds: float | None = None, *extra: str) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
     cmd = [python, "-m", "feedline.bench.contenders", peer, "--workload", workload,
            "--shards", os.path.join(root, peer), "--workers", str(args.workers), "--batch-size", str(args.batch_size),
            "--seconds", str(seconds if seconds is not None else args.seconds),
-           "--sample-bytes", str(parse_size(args.sample_size))]
+           "--sample-bytes", str(parse_size(args.sample_size)), *extra]
     return _run_json(cmd, env, workload, peer)
 
 

@@ -63,7 +63,8 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
         except ShardError as exc:
             log.warning("%s", exc)
             continue
-        for ref in index.samples:
+        records = tfrecord.is_tfrecord(path) or parquet.is_parquet(path)
+        for ref in index.samples if not records else ():  # a record's index entry is a place, not a member
             for ext, (_, size) in ref.fields.items():
                 found.largest[ext] = max(found.largest.get(ext, 0), size)
         _check_packages(decoder, _decoded(found.largest, selection, wanted), path)
