@@ -70,13 +70,13 @@ class FieldSelection:
 
 def load_sample(data: memoryview, path: str, ref: Sample, decoder: Decoder, selection: FieldSelection,
                 wanted: set[str] | None, transform: Transform | None,
-                required: set[str], source: str | None = None, slotted: Collection[str] = ()) -> tuple[dict[str, Any], int]:
+                required: set[str], source: str | None = None, views: Collection[str] = ()) -> tuple[dict[str, Any], int]:
     """Decode (only what is selected or wanted) and transform one sample; (sample, bytes read).
 
     ``wanted`` narrows the members further where nothing but the spec reads them (no transform);
     ``source`` (a mixture) is the sample's source name, which the transform sees as ``__source__``;
-    ``slotted``: the fields that go straight into a batch slot's array, which a Parquet row may hand over as
-    views of its buffers (no transform between: nobody else sees them).
+    ``views``: the members (columns) a Parquet row may hand over as views of its buffers, those that go
+    straight into a batch slot's array with no transform between (``FieldSelection.sources_of``, once a worker).
     """
     read = 0
     if tfrecord.is_tfrecord(path):  # a record: its features are the sample's fields
@@ -88,7 +88,6 @@ def load_sample(data: memoryview, path: str, ref: Sample, decoder: Decoder, sele
             return tfrecord.feature_value(name, features[name], decoder)
     elif parquet.is_parquet(path):  # a row: its columns are the sample's fields
         names = selection.extensions if selection.names is not None else wanted
-        views = selection.sources_of(slotted) if transform is None else ()
         columns = parquet.read_row(path, data, ref.fields[parquet.RECORD], decoder.max_member_bytes, names, views)
         present = columns
         read = sum(len(v) for _, v in columns.values() if isinstance(v, (bytes, str, memoryview)))

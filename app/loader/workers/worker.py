@@ -159,8 +159,11 @@ class Worker:
         self.side = SideWriter(layout.side_fields, layout.side_bytes)
         self.sources = layout.spec.sources
         self.wanted = self.sources if args.code.transform is None else None
-        # array fields, which a slot's write reads once (a source also read by a side field is not among them)
-        self.slotted = frozenset(f.source for f in self.fields) - {f.source for f in layout.side_fields}
+        # the members of array fields, which a slot's write reads once: with no transform between, a Parquet row
+        # hands them over as views (a source also read by a side field is not among them)
+        slotted = {f.source for f in self.fields} - {f.source for f in layout.side_fields}
+        views = args.code.selection.sources_of(slotted) if args.code.transform is None else ()
+        self.views = frozenset(views)
         self.reseed = args.code.transform is not None  # only a transform draws: plain decoding costs nothing
         self.epoch: _Epoch | None = None
         self.inherited = dict(args.shard_fds)  # a replacement's: the dead worker's epoch's shards (held.py)
@@ -264,7 +267,7 @@ class Worker:
         try:
             sample, read = load_sample(data, item.shard.path, item.sample, self.code.decoder,
                                        self.code.selection, self.wanted, self.code.transform, self.sources, source,
-                                       self.slotted)
+                                       self.views)
             written = 0
             for f in self.fields:
                 written += fill(f, views[f.name], sample[f.source], views.get(f.length_name), i)
