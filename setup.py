@@ -6,6 +6,7 @@ Pillow (`feedline doctor` says which). ./scripts/setup requires it; the image bu
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("feedline.formats._jpegcrop", ["app/formats/_jpegcrop.c"], libraries=["jpeg"],
+setup(ext_modules=[Extension("feedline.formats._jpegcrop", ["app/formats/_jpegcrop.c", "app/formats/_resample.c"],
+                             depends=["app/formats/_resample.h"], libraries=["jpeg"],
                              extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
                              optional=True)])

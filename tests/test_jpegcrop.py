@@ -174,19 +174,97 @@ def test_what_cannot_be_packed_in_one_pass_is_left_untouched_for_numpys_copy():
         assert not fastjpeg.pack_into(img, out) and not out.any()
 
 
-@pytest.mark.parametrize("size", [(224, 224), (33, 17), (2, 3), (1, 1)], ids=str)
-def test_a_crop_is_mirrored_in_place_with_pillows_pixels(size):
+@pytest.mark.parametrize("size", [224, 37, 13, 7, 3, 1])
+@pytest.mark.parametrize("flip", [False, True], ids=["as is", "mirrored"])
+def test_every_output_size_as_is_or_mirrored_has_the_pil_paths_pixels(photos, size, flip):
     from PIL import Image
 
-    pixels = np.random.default_rng(sum(size)).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    want = np.asarray(Image.fromarray(pixels).transpose(Image.Transpose.FLIP_LEFT_RIGHT))
-    img = Image.fromarray(pixels)
-    assert fastjpeg._flip(img) is img and np.array_equal(np.asarray(img), want)
+    rrc = RandomResizedCrop(size, fields=["jpg"])
+    for i in range(0, 60, 3):  # every kind, at a box drawn for each
+        kind, data = photos[i]
+        img = Image.open(io.BytesIO(data))
+        if img.mode != "RGB":
+            continue
+        w, h = img.size
+        box = random_box_for(w, h, seed=i)
+        fast = fastjpeg.crop_resize(data, box, size, fastjpeg.pillow_scale(w, h, box, size), flip)
+        pil = rrc._pil(img, box, flip)
+        assert fast.mode == "RGB" and fast.size == (size, size)
+        diff = np.abs(np.asarray(fast).astype(int) - np.asarray(pil).astype(int))
+        assert diff.reshape(-1, 3).mean(axis=0).max() <= 0.05 and diff.max() <= 2, (kind, i)
 
 
-def test_an_image_not_of_the_crops_layout_is_mirrored_by_pillow():
+@pytest.fixture
+def without_avx2():
+    from feedline.formats import _jpegcrop
+
+    _jpegcrop.use_avx2(False)
+    assert _jpegcrop.simd() == "SSE2"
+    yield
+    _jpegcrop.use_avx2(True)
+
+
+@pytest.mark.parametrize("size", [224, 37, 7, 1])
+def test_the_sse2_resize_has_the_avx2_ones_pixels(photos, size, without_avx2):
+    from feedline.formats import _jpegcrop
+
+    with_sse2 = [crop_of(data, size, seed=i) for i, (kind, data) in enumerate(photos[:40])]
+    _jpegcrop.use_avx2(True)
+    assert all(np.array_equal(crop_of(data, size, seed=i), want) for i, ((kind, data), want)
+               in enumerate(zip(photos[:40], with_sse2)))
+
+
+def test_the_plain_c_resize_has_the_simd_ones_pixels(photos, tmp_path):
+    """What a host without SSE2 (ARM) runs: the extension built without SIMD, in a process of its own."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    src = os.path.join(ROOT, "app", "formats")
+    lib = tmp_path / f"_jpegcrop{sysconfig.get_config_var('EXT_SUFFIX')}"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-std=c11", "-DFEEDLINE_NO_SIMD",
+                    f"-I{sysconfig.get_paths()['include']}", os.path.join(src, "_jpegcrop.c"),
+                    os.path.join(src, "_resample.c"), "-ljpeg", "-lm", "-o", str(lib)], check=True)
+    cases = [(data, i) for i, (kind, data) in enumerate(photos[:30])]
+    np.save(tmp_path / "want.npy", np.stack([np.asarray(crop_of(data, 37, seed=i)) for data, i in cases]))
+    (tmp_path / "cases.py").write_text(f"""
+import importlib.util, io, sys
+import numpy as np
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+spec = importlib.util.spec_from_file_location("_jpegcrop", {str(lib)!r})
+plain = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(plain)
+assert plain.simd() == "plain C", plain.simd()
+from feedline.formats import fastjpeg
+fastjpeg._jpegcrop = plain
+from test_jpegcrop import make_photos, crop_of
+photos = make_photos()
+got = np.stack([np.asarray(crop_of(data, 37, seed=i)) for i, (kind, data) in enumerate(photos[:30])])
+assert np.array_equal(got, np.load({str(tmp_path / "want.npy")!r}))
+""")
+    subprocess.run([sys.executable, str(tmp_path / "cases.py")], check=True, cwd=ROOT)
+
+
+def crop_of(data, size, seed):
+    """The crop decoder's crop of ``data`` at a box drawn from ``seed``, mirrored for odd seeds."""
     from PIL import Image
 
-    grey = Image.fromarray(np.arange(12, dtype=np.uint8).reshape(3, 4))
-    flipped = fastjpeg._flip(grey)
-    assert flipped is not grey and np.array_equal(np.asarray(flipped), np.asarray(grey)[:, ::-1])
+    w, h = Image.open(io.BytesIO(data)).size
+    box = random_box_for(w, h, seed)
+    return fastjpeg.crop_resize(data, box, size, fastjpeg.pillow_scale(w, h, box, size), flip=seed % 2 == 1)
+
+
+def random_box_for(width, height, seed):
+    from feedline.formats.transforms import random_box
+
+    return random_box(width, height, (0.08, 1.0), (3 / 4, 4 / 3), random.Random(seed))
+
+
+def test_a_crop_can_be_changed_like_any_pillow_image(photos):
+    """It is made on the decoder's pixels, read-only: a change copies them first."""
+    kind, data = photos[0]
+    img = fastjpeg.crop_resize(data, (0.0, 0.0, 40.0, 40.0), 16)
+    before = np.asarray(img).copy()
+    img.putpixel((0, 0), (1, 2, 3))
+    after = np.asarray(img)
+    assert tuple(after[0, 0]) == (1, 2, 3) and np.array_equal(after[1:], before[1:])

@@ -40,7 +40,8 @@ def status() -> tuple[bool, str]:
     if _jpegcrop is None:
         return False, f"not built ({_missing}): RandomResizedCrop decodes the whole JPEG with Pillow"
     turbo = getattr(_jpegcrop, "LIBJPEG_TURBO_VERSION", "no")
-    return True, f"libjpeg-turbo {turbo} (API {_jpegcrop.JPEG_LIB_VERSION}): RandomResizedCrop decodes only its box"
+    return True, (f"libjpeg-turbo {turbo} (API {_jpegcrop.JPEG_LIB_VERSION}): RandomResizedCrop decodes only its box "
+                  f"and resizes it with {_jpegcrop.simd()}")
 
 
 def draft_request(width: int, height: int, box: tuple[float, float, float, float], size: int) -> tuple[int, int]:
@@ -74,44 +75,28 @@ class Unsupported(Exception):
 
 def crop_resize(data: Any, box: tuple[float, float, float, float], size: int, m: int = 8,
                 flip: bool = False) -> Any:
-    """The box of the JPEG ``data`` decoded at m/8 and resized to ``size`` x ``size`` by Pillow's BILINEAR:
-    a PIL RGB image, which the batch slot packs in one pass (``pack_into``)."""
+    """The box of the JPEG ``data`` decoded at m/8 and resized to ``size`` x ``size`` with Pillow's BILINEAR
+    arithmetic, mirrored if ``flip``: a PIL RGB image, which the batch slot packs in one pass (``pack_into``)."""
     if _jpegcrop is None:
         raise Unsupported(f"the _jpegcrop extension is not built ({_missing})")
     from PIL import Image
 
     try:
-        rgbx, region, inner = _jpegcrop.decode_box(data, size, size, *box, m)
+        rgbx = _jpegcrop.crop_resize(data, size, size, *box, m, flip)
     except _jpegcrop.Unsupported as exc:
         raise Unsupported(str(exc)) from None
     except _jpegcrop.Error as exc:
         raise DecodeError(f"not a readable JPEG: {exc}") from None
-    # RGBX, as Pillow holds RGB: the image is made on the decoder's buffer, not copied into one, and read as
-    # RGB in place (the same 4 bytes a pixel), so the resize makes an RGB image (a convert after it: a pass more)
-    src = Image.frombuffer("RGBX", region, rgbx, "raw", "RGBX", 0, 1)
+    # RGBX, as Pillow holds RGB: the image is made on the pixels, not copied, and read as RGB in place (the same
+    # 4 bytes a pixel); read-only, so what would change it copies it first
+    out = Image.frombuffer("RGBX", (size, size), rgbx, "raw", "RGBX", 0, 1)
     try:
-        src.im.setmode("RGB")
-    except (AttributeError, ValueError):  # a Pillow without it: converted after the resize
-        pass
-    out = src.resize((size, size), Image.Resampling.BILINEAR, box=inner)
-    if out.mode != "RGB":
-        out = out.convert("RGB")
-    return _flip(out) if flip else out
-
-
-def _flip(img: Any) -> Any:
-    """``img`` mirrored left to right: in place where it is a fresh RGB image of ours (``transpose`` makes a new
-    image: an allocation and a pass, about twice the time), else by Pillow."""
-    from PIL import Image
-
-    flip = getattr(_jpegcrop, "flip_rgb", None)
-    if flip is not None:
-        try:
-            flip(img.getim(), *img.size)
-            return img
-        except _jpegcrop.Unsupported:
-            pass
-    return img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        out.im.setmode("RGB")
+    except (AttributeError, ValueError):  # a Pillow without it: converted (a pass more)
+        return out.convert("RGB")
+    rgb = out._new(out.im)  # the image's mode is read from its core, now RGB
+    rgb.readonly = 1
+    return rgb
 
 
 def pack_into(img: Any, out: np.ndarray) -> bool:

@@ -1,0 +1,35 @@
+/* Pillow's BILINEAR resize of a box of an RGBX image, written straight into the output rows (mirrored if asked),
+ * fed 4 source rows at a time as they are decoded. See _resample.c. All of it runs without the GIL. */
+#ifndef FEEDLINE_RESAMPLE_H
+#define FEEDLINE_RESAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Pixels past a strip row's end that resampler_put() may read (never uses): what a caller allocates beyond it. */
+#define RESAMPLE_SLACK_PIXELS 8
+
+struct resampler;
+
+/* The resize of ``box`` (x0, y0, x1, y1, in the source's pixels, as Pillow's resize(box=) takes it) of a width x
+ * height source to out_w x out_h; NULL where memory ran out. */
+struct resampler *resampler_new(int width, int height, const double box[4], int out_w, int out_h);
+/* The source rows it reads, [first, last): the caller puts them in groups of 4 from first (the last group may
+ * hold rows past last, or stale ones: they are not used). */
+void resampler_rows(const struct resampler *rs, int *first, int *last);
+/* Rows row .. row + 3 of the source: strip, rows ``stride`` pixels apart, each readable RESAMPLE_SLACK_PIXELS
+ * pixels past the source's width. */
+void resampler_put(struct resampler *rs, int row, const uint32_t *strip, size_t stride);
+/* The output, out_w x out_h RGBX pixels, rows out_w apart, mirrored left to right if flip. */
+void resampler_finish(const struct resampler *rs, uint32_t *dst, int flip);
+void resampler_free(struct resampler *rs);
+
+/* The instructions the passes use: "AVX2", "SSE2" or "plain C". */
+const char *resample_simd(void);
+/* AVX2 off (or on again, where the CPU has it), for the tests of the SSE2 path; returns whether it is on. */
+int resample_use_avx2(int on);
+
+/* width RGBX pixels written to out as RGB (3 bytes each); nothing at or past end is written. */
+void pack_rgb_row(const uint32_t *row, int width, uint8_t *out, const uint8_t *end);
+
+#endif
