@@ -20,8 +20,9 @@
  * ``out`` as packed RGB rows: the batch slot gets the resize's pixels in one pass,
  * where tobytes() then a copy into the slot took two. Pillow holds RGB as 4 bytes a pixel in rows it
  * points to (its ImagingMemoryInstance: the first fields below are Pillow 12's; earlier versions began
- * with a char mode[7] and fail the checks); the fields are checked against the image's known size before any is used, and anything else
- * raises _jpegcrop.Unsupported: the caller then copies through Pillow.
+ * with a char mode[7] and fail the checks); the fields are checked against the image's known size
+ * before any is used, and anything else raises _jpegcrop.Unsupported: the caller then copies through
+ * Pillow.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

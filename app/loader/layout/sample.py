@@ -69,8 +69,8 @@ class FieldSelection:
 
 
 def load_sample(data: memoryview, path: str, ref: Sample, decoder: Decoder, selection: FieldSelection,
-                wanted: set[str] | None, transform: Transform | None,
-                required: set[str], source: str | None = None, views: Collection[str] = ()) -> tuple[dict[str, Any], int]:
+                wanted: set[str] | None, transform: Transform | None, required: set[str],
+                source: str | None = None, views: Collection[str] = ()) -> tuple[dict[str, Any], int]:
     """Decode (only what is selected or wanted) and transform one sample; (sample, bytes read).
 
     ``wanted`` narrows the members further where nothing but the spec reads them (no transform);
