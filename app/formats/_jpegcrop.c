@@ -28,6 +28,7 @@
 #include <Python.h>
 
 #include <setjmp.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <stdio.h>
@@ -41,7 +42,7 @@
 static PyObject *JpegError;
 static PyObject *Unsupported;
 
-enum { OK = 0, ERR_JPEG = 1, ERR_UNSUPPORTED = 2, ERR_MEMORY = 3 };
+enum { OK = 0, ERR_JPEG = 1, ERR_UNSUPPORTED = 2, ERR_MEMORY = 3, ERR_BOX = 4 };
 
 struct err_mgr {
     struct jpeg_error_mgr pub;
@@ -77,9 +78,8 @@ static void span(int in_size, double in0, double in1, int out, int *first, int *
    Looked for from the end, where it nearly always is: a scan forward over the rows below the box cost 5 % of
    a sample. */
 static int eoi_after(const unsigned char *from, const unsigned char *end) {
-    if (end - from < 2) return 0;
-    for (const unsigned char *p = end - 2; p >= from; p--)
-        if (p[0] == 0xFF && p[1] == JPEG_EOI) return 1;
+    for (ptrdiff_t i = end - from - 2; i >= 0; i--)
+        if (from[i] == 0xFF && from[i + 1] == JPEG_EOI) return 1;
     return 0;
 }
 
@@ -132,6 +132,12 @@ static int decode_region(struct job *job) {
         }
     }
     const int width = (int)cinfo.image_width, height = (int)cinfo.image_height;
+    if (!(job->x1 <= width + 1e-6 && job->y1 <= height + 1e-6)) { /* as Pillow's resize refuses it */
+        snprintf(job->message, sizeof job->message, "the box (%g, %g, %g, %g) passes the %dx%d image", job->x0,
+                 job->y0, job->x1, job->y1, width, height);
+        jpeg_destroy_decompress(&cinfo);
+        return ERR_BOX;
+    }
     cinfo.out_color_space = JCS_EXT_RGBX; /* Pillow keeps RGB in 4 bytes: its image can use these */
     cinfo.scale_num = (unsigned)job->m;
     cinfo.scale_denom = 8;
@@ -157,9 +163,10 @@ static int decode_region(struct job *job) {
     jpeg_start_decompress(&cinfo);
     JDIMENSION xoff = (JDIMENSION)dx0, cw = (JDIMENSION)(dx1 - dx0);
     if (cw < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &cw); /* xoff moves left to an iMCU edge */
-    /* The box in the part's pixels; its rows are resized as they are decoded, 4 at a time */
-    const double box[4] = {bx0 - xoff, by0 - dy0, bx1 - xoff, by1 - dy0};
-    job->rs = resampler_new((int)cinfo.output_width, dy1 - dy0, box, job->out_w, job->out_h);
+    /* The part's rows are resized as they are decoded, 4 at a time, by the coefficients of the box in the whole
+       scaled image (Pillow's, on the PIL path) */
+    const double box[4] = {bx0, by0, bx1, by1};
+    job->rs = resampler_new(sw, sh, (int)xoff, dy0, box, job->out_w, job->out_h);
     const size_t stride = (size_t)cinfo.output_width + RESAMPLE_SLACK_PIXELS;
     job->strip = malloc(sizeof(uint32_t) * stride * 5); /* 4 rows and one for those the resize does not read */
     if (!job->rs || !job->strip) {
@@ -228,6 +235,8 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
     Py_DECREF(out);
     if (status == ERR_UNSUPPORTED)
         PyErr_SetString(Unsupported, job.message);
+    else if (status == ERR_BOX)
+        PyErr_SetString(PyExc_ValueError, job.message);
     else if (status == ERR_MEMORY)
         PyErr_NoMemory();
     else if (status == ERR_JPEG)

@@ -8,10 +8,11 @@
  *      at a time) and transposes its result back (rows of the 8-bit intermediate, as Pillow's);
  *   3. the vertical pass writes each output row straight into dst, mirrored where asked.
  * pillow-simd's horizontal pass reduces each output pixel's taps within a register: shuffle-bound, it was 70 % of a
- * resize here. Run along rows, both passes cost about what its vertical one does, the decoded part is never
- * written out whole, and the output needs neither a Pillow image of its own nor a copy into place (the resize, slot
- * write and mirror took 150 us a 224 x 224 crop here, this about 50). SSE2 everywhere on x86-64, AVX2 where the
- * CPU has it, plain C elsewhere.
+ * resize here. Run along rows, both passes cost about what its vertical one does, each decoded row is moved while
+ * it is in cache, and the output needs neither a Pillow image of its own nor a copy into place (the resize, slot
+ * write and mirror took 150 us a 224 x 224 crop here, this about 50). The coefficients are Pillow's for the box in
+ * the whole image, so the pixels are those of Pillow's resize of the whole image. SSE2 everywhere on x86-64, AVX2
+ * where the CPU has it, plain C elsewhere.
  */
 #include "_resample.h"
 
@@ -51,7 +52,9 @@ static double bilinear(double x) {
     return x < 1.0 ? 1.0 - x : 0.0;
 }
 
-static int axis_init(struct axis *a, int in_size, float in0, float in1, int out) {
+/* Pillow's coefficients for [in0, in1) of the whole axis (in_size pixels) onto out pixels, its indexes then made
+   relative to the part of the axis that starts at ``offset`` (which must hold every pixel read). */
+static int axis_init(struct axis *a, int in_size, float in0, float in1, int out, int offset) {
     const double scale = (double)(in1 - in0) / out, filterscale = scale < 1.0 ? 1.0 : scale;
     const double support = filterscale; /* BILINEAR's support is 1 */
     const int ksize = (int)ceil(support) * 2 + 1;
@@ -60,13 +63,12 @@ static int axis_init(struct axis *a, int in_size, float in0, float in1, int out)
     a->n = malloc(sizeof(int) * (size_t)out);
     a->k = malloc(sizeof(int16_t) * (size_t)out * (size_t)a->taps);
     double *kk = malloc(sizeof(double) * (size_t)out * (size_t)ksize);
-    if (!a->first || !a->n || !a->k || !kk) {
-        axis_free(a);
+    if (!a->first || !a->n || !a->k || !kk) { /* the caller frees the rest */
         free(kk);
         return -1;
     }
     double maxkk = 0.0;
-    a->lo = in_size;
+    a->lo = in_size - offset;
     a->hi = 0;
     const double ss = 1.0 / filterscale;
     for (int xx = 0; xx < out; xx++) {
@@ -83,10 +85,10 @@ static int axis_init(struct axis *a, int in_size, float in0, float in1, int out)
         for (; x < ksize; x++) k[x] = 0.0;
         for (x = 0; x < ksize; x++)
             if (k[x] > maxkk) maxkk = k[x];
-        a->first[xx] = xmin;
+        a->first[xx] = xmin - offset;
         a->n[xx] = xmax < 1 ? 2 : (xmax + 1) & ~1;
-        if (xmin < a->lo) a->lo = xmin;
-        if (xmin + xmax > a->hi) a->hi = xmin + xmax;
+        if (xmin - offset < a->lo) a->lo = xmin - offset;
+        if (xmin - offset + xmax > a->hi) a->hi = xmin - offset + xmax;
     }
     int precision = 0;
     for (; precision < PRECISION_BITS; precision++)
@@ -99,7 +101,7 @@ static int axis_init(struct axis *a, int in_size, float in0, float in1, int out)
         }
     a->precision = precision;
     free(kk);
-    if (a->lo > in_size - 1) a->lo = in_size - 1; /* a box past the image reads its edge (at Pillow's weights, 0) */
+    if (a->lo < 0) a->lo = 0; /* not the part the caller was to give: read what it has (the caller's bug) */
     if (a->hi <= a->lo) a->hi = a->lo + 1;
     return 0;
 }
@@ -365,7 +367,7 @@ AVX2 static int pack_row8(const uint32_t *row, int width, uint8_t *out, const ui
                                          0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
     const __m256i join = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 3, 7);
     int x = 0;
-    for (; x + 8 <= width && out + 32 <= end; x += 8, out += 24) { /* 32 bytes stored, the last 8 written over next */
+    for (; x + 8 <= width && end - out >= 32; x += 8, out += 24) { /* 32 bytes stored, the last 8 written over next */
         const __m256i px = _mm256_loadu_si256((const __m256i *)(row + x));
         _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(px, rgb), join));
     }
@@ -439,11 +441,12 @@ void resampler_free(struct resampler *rs) {
     free(rs);
 }
 
-struct resampler *resampler_new(int width, int height, const double box[4], int out_w, int out_h) {
+struct resampler *resampler_new(int full_w, int full_h, int x_off, int y_off, const double box[4], int out_w,
+                                int out_h) {
     struct resampler *rs = calloc(1, sizeof *rs);
     if (!rs) return NULL;
-    if (axis_init(&rs->h, width, (float)box[0], (float)box[2], out_w) < 0 ||
-        axis_init(&rs->v, height, (float)box[1], (float)box[3], out_h) < 0) {
+    if (axis_init(&rs->h, full_w, (float)box[0], (float)box[2], out_w, x_off) < 0 ||
+        axis_init(&rs->v, full_h, (float)box[1], (float)box[3], out_h, y_off) < 0) {
         resampler_free(rs);
         return NULL;
     }

@@ -11,14 +11,16 @@
 
 struct resampler;
 
-/* The resize of ``box`` (x0, y0, x1, y1, in the source's pixels, as Pillow's resize(box=) takes it) of a width x
- * height source to out_w x out_h; NULL where memory ran out. */
-struct resampler *resampler_new(int width, int height, const double box[4], int out_w, int out_h);
-/* The source rows it reads, [first, last): the caller puts them in groups of 4 from first (the last group may
- * hold rows past last, or stale ones: they are not used). */
+/* The resize of ``box`` (x0, y0, x1, y1 in the pixels of a full_w x full_h image, as Pillow's resize(box=) takes
+ * it) to out_w x out_h, from the part of that image whose top left pixel is (x_off, y_off) and which holds every
+ * pixel the resize reads; NULL where memory ran out. */
+struct resampler *resampler_new(int full_w, int full_h, int x_off, int y_off, const double box[4], int out_w,
+                                int out_h);
+/* The part's rows it reads, [first, last) (0: the part's top row): the caller puts them in groups of 4 from first
+ * (the last group may hold rows past last, or stale ones: they are not used). */
 void resampler_rows(const struct resampler *rs, int *first, int *last);
-/* Rows row .. row + 3 of the source: strip, rows ``stride`` pixels apart, each readable RESAMPLE_SLACK_PIXELS
- * pixels past the source's width. */
+/* The part's rows row .. row + 3: strip, rows ``stride`` pixels apart, each readable RESAMPLE_SLACK_PIXELS pixels
+ * past the pixels the resize reads. */
 void resampler_put(struct resampler *rs, int row, const uint32_t *strip, size_t stride);
 /* The output, out_w x out_h RGBX pixels, rows out_w apart, mirrored left to right if flip. */
 void resampler_finish(const struct resampler *rs, uint32_t *dst, int flip);
