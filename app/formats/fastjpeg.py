@@ -2,9 +2,10 @@
 
 RandomResizedCrop draws its box from the image's size, which the header gives before any pixel is
 decoded; the extension then skips the rows above the box, decodes only the iMCU columns it covers
-and stops below it; Pillow resizes that part as it would have resized the whole. Where the extension was not built
+and stops below it, resizing the rows as they come with Pillow's arithmetic for the whole image (so
+Pillow's pixels), mirrored in the write where the crop is flipped. Where the extension was not built
 (no compiler or no libjpeg headers at install), or a JPEG is one it does not decode (CMYK, YCCK),
-the PIL path is used: same boxes, same draws, nearly the same pixels.
+the PIL path is used: same boxes, same draws, the same pixels.
 """
 
 from __future__ import annotations
