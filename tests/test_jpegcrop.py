@@ -210,7 +210,7 @@ def test_the_plain_c_resize_has_the_simd_ones_pixels(photos, tmp_path):
     cases = [(data, i) for i, (kind, data) in enumerate(photos[:30])]
     np.save(tmp_path / "want.npy", np.stack([np.asarray(crop_of(data, 37, seed=i)) for data, i in cases]))
     (tmp_path / "cases.py").write_text(f"""
-import importlib.util, io, sys
+import importlib.util, sys
 import numpy as np
 sys.path.insert(0, {os.path.dirname(__file__)!r})
 spec = importlib.util.spec_from_file_location("_jpegcrop", {str(lib)!r})
@@ -263,7 +263,8 @@ def test_the_pixels_are_pillows_resize_of_the_whole_image_exactly(photos, size, 
 
     for i, (kind, data) in enumerate(photos[:70]):  # every kind: grey too
         w, h = Image.open(io.BytesIO(data)).size
-        for box in (random_box_for(w, h, seed=i), (0.0, 0.0, float(w), float(h)), (w / 3, h / 2, w / 3 + 3, h / 2 + 3)):
+        boxes = (random_box_for(w, h, seed=i), (0.0, 0.0, float(w), float(h)), (w / 3, h / 2, w / 3 + 3, h / 2 + 3))
+        for box in boxes:
             m = fastjpeg.pillow_scale(w, h, box, size)
             fast = np.asarray(fastjpeg.crop_resize(data, box, size, m, flip))
             pil = np.asarray(RandomResizedCrop(size)._pil(Image.open(io.BytesIO(data)), box, flip))
