@@ -62,17 +62,6 @@ static void on_message(j_common_ptr cinfo, int level) {
     if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) ((struct err_mgr *)cinfo->err)->eof = 1;
 }
 
-/* The input pixels [first, last) that Pillow's BILINEAR resize of [in0, in1) to out pixels reads (Resample.c,
-   precompute_coeffs: a triangle of support 1 widened by the downscale factor), clamped to the image. */
-static void span(int in_size, double in0, double in1, int out, int *first, int *last) {
-    const float f0 = (float)in0, f1 = (float)in1; /* Pillow reads a box as floats */
-    const double scale = (double)(f1 - f0) / out;
-    const double support = scale < 1.0 ? 1.0 : scale;
-    int lo = (int)(f0 + 0.5 * scale - support + 0.5), hi = (int)(f0 + (out - 0.5) * scale + support + 0.5);
-    *first = lo < 0 ? 0 : lo;
-    *last = hi > in_size ? in_size : hi;
-}
-
 /* Whether an EOI marker follows the scan data read so far: a file cut below the box is corrupt, as Pillow,
    which decodes every row, finds (in scan data a 0xFF byte is always followed by 0x00 or a restart marker).
    Looked for from the end, where it nearly always is: a scan forward over the rows below the box cost 5 % of
@@ -146,30 +135,29 @@ static int decode_region(struct job *job) {
     jpeg_calc_output_dimensions(&cinfo);
     const int sw = (int)cinfo.output_width, sh = (int)cinfo.output_height;
 
-    /* The box in the scaled image's pixels, as the PIL path scales it after its draft. */
+    /* The box in the scaled image's pixels, as the PIL path scales it after its draft; the resize of it, with
+       Pillow's coefficients for the whole scaled image, says which pixels it reads: those, and one more each side
+       (so the upsampler's edge handling at the part's border never reaches a pixel that is used), are decoded. */
     const double sx = (double)sw / width, sy = (double)sh / height;
-    const double bx0 = job->x0 * sx, by0 = job->y0 * sy, bx1 = job->x1 * sx, by1 = job->y1 * sy;
-    int cx0, cx1, ry0, ry1;
-    span(sw, bx0, bx1, job->out_w, &cx0, &cx1);
-    span(sh, by0, by1, job->out_h, &ry0, &ry1);
-    if (cx1 <= cx0 || ry1 <= ry0) {
-        snprintf(job->message, sizeof job->message, "the box covers no pixel");
+    const double box[4] = {job->x0 * sx, job->y0 * sy, job->x1 * sx, job->y1 * sy};
+    job->rs = resampler_new(sw, sh, box, job->out_w, job->out_h);
+    if (!job->rs) {
         jpeg_destroy_decompress(&cinfo);
-        return ERR_UNSUPPORTED;
+        snprintf(job->message, sizeof job->message, "out of memory");
+        return ERR_MEMORY;
     }
+    int cx0, cx1, ry0, ry1;
+    resampler_reads(job->rs, &cx0, &cx1, &ry0, &ry1);
     const int dx0 = cx0 > 0 ? cx0 - 1 : 0, dx1 = cx1 < sw ? cx1 + 1 : sw;
     const int dy0 = ry0 > 0 ? ry0 - 1 : 0, dy1 = ry1 < sh ? ry1 + 1 : sh;
 
     jpeg_start_decompress(&cinfo);
     JDIMENSION xoff = (JDIMENSION)dx0, cw = (JDIMENSION)(dx1 - dx0);
     if (cw < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &cw); /* xoff moves left to an iMCU edge */
-    /* The part's rows are resized as they are decoded, 4 at a time, by the coefficients of the box in the whole
-       scaled image (Pillow's, on the PIL path) */
-    const double box[4] = {bx0, by0, bx1, by1};
-    job->rs = resampler_new(sw, sh, (int)xoff, dy0, box, job->out_w, job->out_h);
+    resampler_place(job->rs, (int)xoff, dy0); /* the part's rows are resized as they are decoded, 4 at a time */
     const size_t stride = (size_t)cinfo.output_width + RESAMPLE_SLACK_PIXELS;
     job->strip = malloc(sizeof(uint32_t) * stride * 5); /* 4 rows and one for those the resize does not read */
-    if (!job->rs || !job->strip) {
+    if (!job->strip) {
         status = ERR_MEMORY;
         goto done;
     }

@@ -11,7 +11,8 @@
  * resize here. Run along rows, both passes cost about what its vertical one does, each decoded row is moved while
  * it is in cache, and the output needs neither a Pillow image of its own nor a copy into place (the resize, slot
  * write and mirror took 150 us a 224 x 224 crop here, this about 50). The coefficients are Pillow's for the box in
- * the whole image, so the pixels are those of Pillow's resize of the whole image. SSE2 everywhere on x86-64, AVX2
+ * the whole image, so the pixels are those of Pillow's resize of the whole image, and they say which part of it
+ * the caller must decode (resampler_reads). SSE2 everywhere on x86-64, AVX2
  * where the CPU has it, plain C elsewhere.
  */
 #include "_resample.h"
@@ -52,9 +53,8 @@ static double bilinear(double x) {
     return x < 1.0 ? 1.0 - x : 0.0;
 }
 
-/* Pillow's coefficients for [in0, in1) of the whole axis (in_size pixels) onto out pixels, its indexes then made
-   relative to the part of the axis that starts at ``offset`` (which must hold every pixel read). */
-static int axis_init(struct axis *a, int in_size, float in0, float in1, int out, int offset) {
+/* Pillow's coefficients for [in0, in1) of an axis of in_size pixels onto out pixels. */
+static int axis_init(struct axis *a, int in_size, float in0, float in1, int out) {
     const double scale = (double)(in1 - in0) / out, filterscale = scale < 1.0 ? 1.0 : scale;
     const double support = filterscale; /* BILINEAR's support is 1 */
     const int ksize = (int)ceil(support) * 2 + 1;
@@ -68,7 +68,7 @@ static int axis_init(struct axis *a, int in_size, float in0, float in1, int out,
         return -1;
     }
     double maxkk = 0.0;
-    a->lo = in_size - offset;
+    a->lo = in_size;
     a->hi = 0;
     const double ss = 1.0 / filterscale;
     for (int xx = 0; xx < out; xx++) {
@@ -85,10 +85,10 @@ static int axis_init(struct axis *a, int in_size, float in0, float in1, int out,
         for (; x < ksize; x++) k[x] = 0.0;
         for (x = 0; x < ksize; x++)
             if (k[x] > maxkk) maxkk = k[x];
-        a->first[xx] = xmin - offset;
+        a->first[xx] = xmin;
         a->n[xx] = xmax < 1 ? 2 : (xmax + 1) & ~1;
-        if (xmin - offset < a->lo) a->lo = xmin - offset;
-        if (xmin - offset + xmax > a->hi) a->hi = xmin - offset + xmax;
+        if (xmin < a->lo) a->lo = xmin;
+        if (xmin + xmax > a->hi) a->hi = xmin + xmax;
     }
     int precision = 0;
     for (; precision < PRECISION_BITS; precision++)
@@ -101,7 +101,7 @@ static int axis_init(struct axis *a, int in_size, float in0, float in1, int out,
         }
     a->precision = precision;
     free(kk);
-    if (a->lo < 0) a->lo = 0; /* not the part the caller was to give: read what it has (the caller's bug) */
+    if (a->lo > in_size - 1) a->lo = in_size - 1; /* a box past the image reads its edge (at Pillow's weights, 0) */
     if (a->hi <= a->lo) a->hi = a->lo + 1;
     return 0;
 }
@@ -425,8 +425,9 @@ struct resampler {
     struct axis h, v;
     int out_w, out_h, nr, nc;
     size_t nrp, owp;
+    int x_off, y_off;        /* the part's top left pixel in the image (resampler_place) */
     uint32_t *t, *mid;       /* the source part transposed (nc rows of nrp), the horizontal pass's rows (nr of owp) */
-    const uint32_t **rows;   /* tap rows of 4 lines */
+    const uint32_t **rows;   /* tap rows: of every output column (horizontal8), of 4 (horizontal4), of one row */
     int16_t *zeros;          /* the weights of the columns past out_w */
     int avx2;
 };
@@ -441,12 +442,11 @@ void resampler_free(struct resampler *rs) {
     free(rs);
 }
 
-struct resampler *resampler_new(int full_w, int full_h, int x_off, int y_off, const double box[4], int out_w,
-                                int out_h) {
+struct resampler *resampler_new(int width, int height, const double box[4], int out_w, int out_h) {
     struct resampler *rs = calloc(1, sizeof *rs);
     if (!rs) return NULL;
-    if (axis_init(&rs->h, full_w, (float)box[0], (float)box[2], out_w, x_off) < 0 ||
-        axis_init(&rs->v, full_h, (float)box[1], (float)box[3], out_h, y_off) < 0) {
+    if (axis_init(&rs->h, width, (float)box[0], (float)box[2], out_w) < 0 ||
+        axis_init(&rs->v, height, (float)box[1], (float)box[3], out_h) < 0) {
         resampler_free(rs);
         return NULL;
     }
@@ -472,20 +472,32 @@ struct resampler *resampler_new(int full_w, int full_h, int x_off, int y_off, co
     return rs;
 }
 
+void resampler_reads(const struct resampler *rs, int *x0, int *x1, int *y0, int *y1) {
+    *x0 = rs->h.lo;
+    *x1 = rs->h.hi;
+    *y0 = rs->v.lo;
+    *y1 = rs->v.hi;
+}
+
+void resampler_place(struct resampler *rs, int x_off, int y_off) {
+    rs->x_off = x_off;
+    rs->y_off = y_off;
+}
+
 void resampler_rows(const struct resampler *rs, int *first, int *last) {
-    *first = rs->v.lo;
-    *last = rs->v.hi;
+    *first = rs->v.lo - rs->y_off;
+    *last = rs->v.hi - rs->y_off;
 }
 
 void resampler_put(struct resampler *rs, int row, const uint32_t *strip, size_t stride) {
-    const int r = row - rs->v.lo;
+    const int r = row + rs->y_off - rs->v.lo, lo_c = rs->h.lo - rs->x_off;
 #if defined(WITH_AVX2)
     if (rs->avx2) {
-        transpose8_rows(strip, stride, rs->h.lo, rs->nc, rs->t, rs->nrp, r);
+        transpose8_rows(strip, stride, lo_c, rs->nc, rs->t, rs->nrp, r);
         return;
     }
 #endif
-    transpose4_rows(strip, stride, rs->h.lo, rs->nc, rs->t, rs->nrp, r);
+    transpose4_rows(strip, stride, lo_c, rs->nc, rs->t, rs->nrp, r);
 }
 
 void resampler_finish(const struct resampler *rs, uint32_t *dst, int flip) {

@@ -11,13 +11,15 @@
 
 struct resampler;
 
-/* The resize of ``box`` (x0, y0, x1, y1 in the pixels of a full_w x full_h image, as Pillow's resize(box=) takes
- * it) to out_w x out_h, from the part of that image whose top left pixel is (x_off, y_off) and which holds every
- * pixel the resize reads; NULL where memory ran out. */
-struct resampler *resampler_new(int full_w, int full_h, int x_off, int y_off, const double box[4], int out_w,
-                                int out_h);
-/* The part's rows it reads, [first, last) (0: the part's top row): the caller puts them in groups of 4 from first
- * (the last group may hold rows past last, or stale ones: they are not used). */
+/* The resize of ``box`` (x0, y0, x1, y1 in the pixels of a width x height image, as Pillow's resize(box=) takes
+ * it) to out_w x out_h, with Pillow's coefficients; NULL where memory ran out. */
+struct resampler *resampler_new(int width, int height, const double box[4], int out_w, int out_h);
+/* The image's columns [x0, x1) and rows [y0, y1) the resize reads: what the caller decodes (a part holding them). */
+void resampler_reads(const struct resampler *rs, int *x0, int *x1, int *y0, int *y1);
+/* The part the caller decodes starts at the image's pixel (x_off, y_off): rows and columns are the part's from here. */
+void resampler_place(struct resampler *rs, int x_off, int y_off);
+/* The part's rows it reads, [first, last): the caller puts them in groups of 4 from first (the last group may
+ * hold rows past last, or stale ones: they are not used). */
 void resampler_rows(const struct resampler *rs, int *first, int *last);
 /* The part's rows row .. row + 3: strip, rows ``stride`` pixels apart, each readable RESAMPLE_SLACK_PIXELS pixels
  * past the pixels the resize reads. */
