@@ -16,10 +16,24 @@ from helpers import KEPT_FOR_THE_MODULE, N_SHARDS, ROOT, children_of, id_shards,
 
 from feedline.demo.store import FileStore  # noqa: E402
 
+NO_CUDA = "no CUDA device on this machine"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA device; skipped without one, run by scripts/gpu-check")
+
 
 def pytest_collection_modifyitems(session, config, items):
-    """The 3-minute soak run starts now, when its test is among those to run: it runs beside the others
+    """Tests marked ``cuda`` skip where there is no CUDA device (scripts/gpu-check runs them on a lent GPU).
+    The 3-minute soak run starts now, when its test is among those to run: it runs beside the others
     (``background_soak.py``), and its test checks it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        no_cuda = pytest.mark.skip(reason=NO_CUDA)
+        for item in items:
+            if item.get_closest_marker("cuda"):
+                item.add_marker(no_cuda)
     if any(item.name == background_soak.TEST for item in items):
         SOAK.start(ROOT)
         KEPT_FOR_THE_MODULE.add(SOAK.proc.pid)

@@ -6,7 +6,7 @@ from helpers import id_shards
 
 from feedline import StagingLoader
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+pytestmark = pytest.mark.cuda  # skipped without a CUDA device (conftest.py); scripts/gpu-check runs them
 
 ID_SPEC = {"cls": "int64", "bin": ("uint8", (4096,))}
 
@@ -78,3 +78,46 @@ def test_device_decode_decodes_jpegs_on_the_gpu_with_labels_aligned(tmp_path):
     for b in batches:
         assert b["jpg"].is_cuda and b["jpg"].shape[1:] == (32, 32, 3)
         assert [_color_of(img.cpu()) for img in b["jpg"]] == b["cls"].tolist()
+
+
+def test_auto_runs_two_transfer_threads_on_a_gpu_host(gpu_shards):
+    with StagingLoader(gpu_shards, batch_size=16, workers=2, transfer_threads="auto", spec=ID_SPEC,
+                       device="cuda") as loader:
+        assert loader.settings.transfer_threads == 2
+        assert sorted(c for b in loader for c in b["cls"].tolist()) == list(range(4 * 64))
+
+
+def test_a_state_saved_mid_epoch_on_the_gpu_resumes_the_same_batches(gpu_shards):
+    def loader():
+        return StagingLoader(gpu_shards, batch_size=16, workers=2, transfer_threads=2, spec=ID_SPEC, seed=3,
+                             device="cuda")
+
+    with loader() as whole:
+        every = [b["cls"].cpu().tolist() for b in whole]
+    with loader() as first:
+        it = iter(first)
+        head = [next(it)["cls"].cpu().tolist() for _ in range(5)]
+        state = first.state_dict()
+    with loader() as second:
+        second.load_state_dict(state)
+        tail = [b["cls"].cpu().tolist() for b in second]
+    assert head + tail == every
+
+
+def test_device_decode_on_the_gpu_crops_the_same_boxes_as_pillow_decode(tmp_path):
+    """nvJPEG and Pillow's libjpeg differ by rounding only; the boxes (from seed, epoch, key) are the same."""
+    from helpers import jpeg_bytes, write_tar
+
+    path = write_tar(str(tmp_path / "photos.tar"), [(f"p{i:02d}", {"jpg": jpeg_bytes(i), "cls": b"1"})
+                                                    for i in range(24)])
+
+    def images(backend):
+        with StagingLoader(path, batch_size=8, workers=1, seed=5, fields=["jpg", "cls"], device="cuda",
+                           device_decode={"fields": ["jpg"], "size": 48, "crop": "random",
+                                          "backend": backend}) as loader:
+            return {k: img.cpu() for b in loader for k, img in zip(b["__key__"], b["jpg"])}
+
+    gpu, cpu = images("auto"), images("pillow")
+    assert gpu.keys() == cpu.keys() and len(gpu) == 24
+    diffs = [float((gpu[k].float() - cpu[k].float()).abs().mean()) for k in gpu]
+    assert max(diffs) < 4.0, diffs

@@ -1,0 +1,284 @@
+"""``scripts/gpu-check``'s measurements: the CUDA path's bench sections, each a ratio in one run, and the
+results file (JSON and a markdown table, the device named and dated).
+
+A GPU is lent now and then for minutes, so this runs what the CUDA path's targets need and nothing else,
+each section within what is left of the check's deadline (a section that would not fit says so):
+
+- ``raw``: 1 MiB samples to the device, feedline against ``DataLoader`` (pinned, ``non_blocking``), and the
+  training process's own CPU per wall second;
+- ``decode``: ``device_decode`` against CPU decode (decode + RandomResizedCrop in the workers), same workers;
+- ``h2d``: the loader's copy bandwidth (bytes over the copies' own time) against torch's pinned copy;
+- ``e2e``: a ResNet-50 step fed by synthetic data on the device, feedline, feedline with ``device_decode``
+  and ``DataLoader``.
+
+Every contender runs in its own process (``contenders.py``, ``e2e.py``), in interleaved rounds
+(``rounds.py``). ``--dry-run`` (no CUDA) runs what does not need it (the datasets) and reports every section
+"skipped: no CUDA"; ``--rehearse`` also runs each section's contenders once, briefly, on the CPU, so that a
+command line that would fail on the GPU machine fails here first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from .rounds import Contender, interleaved, ratio
+
+TARGETS = {
+    "raw": "feedline >= 5x DataLoader (pinned, non_blocking) samples/s, the training process's CPU <= 10 % of a core",
+    "decode": "device_decode >= 2x CPU decode samples/s, the same workers",
+    "h2d": "the loader's copies against torch's own pinned copy bandwidth (a row)",
+    "e2e": "ResNet-50 step fed by feedline within 5 % of synthetic data on the device",
+}
+SECTIONS = tuple(TARGETS)
+COST = {"raw": 60, "decode": 70, "h2d": 5, "e2e": 150}  # about how many seconds each takes on an H100 host
+
+
+def _bench_args(args: argparse.Namespace, workers: int) -> argparse.Namespace:
+    """The benchmark runner's settings for one contender process."""
+    from .runner import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    ns = p.parse_args([])
+    ns.workers, ns.seconds, ns.batch_size = workers, args.seconds, args.batch_size
+    return ns
+
+
+def _contender(row: str, workload: str, shards: str, ns: argparse.Namespace, *extra: str) -> Contender:
+    from .runner import _contender as run_one
+
+    return Contender(row, lambda t: run_one("feedline" if row.startswith("feedline") else "dataloader", workload,
+                                            shards, ns, *extra, seconds=t))
+
+
+def _section_raw(args: argparse.Namespace, data: dict[str, str]) -> dict[str, Any]:
+    ns = _bench_args(args, args.workers)
+    rows = interleaved([_contender("feedline", "raw", data["raw"], ns, "--zero-copy"),
+                        _contender("DataLoader (pinned, non_blocking)", "raw", data["raw"], ns)],
+                       args.rounds, args.seconds, args.warmup)
+    feed, base = rows["feedline"], rows["DataLoader (pinned, non_blocking)"]
+    r = ratio(feed, base)
+    cpu = feed["main_cpu_pct"]
+    return {"rows": rows, "ratio": r, "main_cpu_pct": cpu, "met": r[0] >= 5.0 and cpu <= 10.0,
+            "summary": f"{r[0]:.2f}x DataLoader ({r[1]:.2f}-{r[2]:.2f}); training process CPU {cpu:.1f} % of a core"}
+
+
+def _section_decode(args: argparse.Namespace, data: dict[str, str]) -> dict[str, Any]:
+    ns = _bench_args(args, args.workers)
+    rows = interleaved([_contender("feedline, CPU decode", "jpeg", data["jpeg"], ns, "--zero-copy"),
+                        _contender("feedline, device_decode", "jpeg", data["jpeg"], ns, "--zero-copy",
+                                   "--device-decode")], args.rounds, args.seconds, args.warmup)
+    r = ratio(rows["feedline, device_decode"], rows["feedline, CPU decode"])
+    return {"rows": rows, "ratio": r, "met": r[0] >= 2.0,
+            "summary": f"device_decode {r[0]:.2f}x CPU decode ({r[1]:.2f}-{r[2]:.2f}) at {args.workers} workers"}
+
+
+def _section_h2d(args: argparse.Namespace, raw: dict[str, Any] | None) -> dict[str, Any]:
+    from .runner import _cuda_copy_bandwidth
+
+    torch_copy = _cuda_copy_bandwidth()
+    assert torch_copy is not None
+    out: dict[str, Any] = {"torch": torch_copy, "met": None}
+    loader = (raw or {}).get("rows", {}).get("feedline", {}).get("h2d_gb_per_s")
+    if loader is None:
+        out["summary"] = f"torch's pinned copy {torch_copy['pinned_gb_per_s']:.1f} GB/s (the raw section did not run)"
+        return out
+    out["loader_gb_per_s"] = loader
+    out["ratio"] = (loader / torch_copy["pinned_gb_per_s"],) * 3
+    out["summary"] = (f"the loader's copies {loader:.1f} GB/s, torch's pinned copy "
+                      f"{torch_copy['pinned_gb_per_s']:.1f} GB/s ({out['ratio'][0]:.0%}); pageable "
+                      f"{torch_copy['pageable_gb_per_s']:.1f} GB/s")
+    return out
+
+
+def _section_e2e(args: argparse.Namespace, data: dict[str, str]) -> dict[str, Any]:
+    from .report import CEILING
+    from .runner import _run_json
+
+    def c(row: str, feed: str, *extra: str) -> Contender:
+        cmd = [sys.executable, "-m", "feedline.bench.e2e", feed, "--shards", data["jpeg"], "--model", args.e2e_model,
+               "--workers", str(args.e2e_workers), "--batch-size", str(args.e2e_batch_size),
+               "--steps", str(args.e2e_steps), "--warmup", "5", "--image-size",
+               "224" if args.e2e_model == "resnet50" else "32", *extra]
+        return Contender(row, lambda t: _run_json(cmd, dict(os.environ), "e2e", " ".join([feed, *extra])))
+
+    rows = interleaved([c(CEILING, "synthetic"), c("feedline", "feedline"),
+                        c("feedline, device_decode", "feedline", "--device-decode"),
+                        c("DataLoader (pinned, non_blocking)", "dataloader")], args.e2e_rounds, args.seconds, 0.0)
+    ratios = {row: ratio(rows[row], rows[CEILING]) for row in rows if row != CEILING}
+    r = ratios["feedline"]
+    return {"rows": rows, "ratios": ratios, "ratio": r, "met": r[0] >= 0.95,
+            "summary": (f"feedline {r[0]:.0%} of synthetic ({r[1]:.0%}-{r[2]:.0%}); device_decode "
+                        f"{ratios['feedline, device_decode'][0]:.0%}; DataLoader "
+                        f"{ratios['DataLoader (pinned, non_blocking)'][0]:.0%}")}
+
+
+def _datasets(args: argparse.Namespace) -> dict[str, str]:
+    """The raw and JPEG shards on local disk (made once; the JPEG photos come from the carried scikit-image
+    wheel, the machine reaches no registry), copied to ``/dev/shm`` for the run."""
+    from .runner import _dataset
+
+    raw = _dataset("raw", args.raw_samples, 1 << 20, args.cache_dir)
+    jpeg = _dataset("jpeg", args.jpeg_samples, 1 << 20, args.cache_dir, min_shard=256 << 10)
+    return {"raw": os.path.join(raw, "*.tar"), "jpeg": os.path.join(jpeg, "*.tar")}
+
+
+def _to_shm(data: dict[str, str], root: str) -> dict[str, str]:
+    import shutil
+
+    out = {}
+    for name, pattern in data.items():
+        dst = os.path.join(root, name)
+        shutil.copytree(os.path.dirname(pattern), dst, ignore=shutil.ignore_patterns("mosaic", "litdata", "tfdata",
+                                                                                        "hf"))
+        out[name] = os.path.join(dst, "*.tar")
+    return out
+
+
+def machine() -> dict[str, Any]:
+    import platform
+
+    import PIL
+    import torch
+
+    info: dict[str, Any] = {"cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+                            "torch": torch.__version__, "pil": PIL.__version__, "cuda": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["cuda_version"] = torch.version.cuda
+    from ..formats import fastjpeg
+
+    info["crop_decoder"] = fastjpeg.status()[1]
+    return info
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import shutil
+    import tempfile
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+                               "settings": {k: getattr(args, k) for k in ("workers", "batch_size", "seconds",
+                                                                          "rounds", "e2e_workers", "e2e_steps",
+                                                                          "e2e_rounds", "raw_samples",
+                                                                          "jpeg_samples")},
+                               "steps": _steps(args.steps), "sections": {}}
+    sections = results["sections"]
+    t0 = time.monotonic()
+    data = _datasets(args)
+    results["datasets_seconds"] = round(time.monotonic() - t0, 1)
+    if (args.dry_run or not cuda) and not args.rehearse:
+        for name in SECTIONS:
+            sections[name] = {"skipped": "no CUDA" if not cuda else "a dry run"}
+        return results
+    shm = tempfile.mkdtemp(prefix="feedline-gpu-check-", dir="/dev/shm")
+    try:
+        data = _to_shm(data, shm)
+        for name in SECTIONS:
+            left = args.deadline - time.time()
+            if name == "h2d" and not cuda:
+                sections[name] = {"skipped": "no CUDA"}
+                continue
+            if left < COST[name] * (0.2 if args.rehearse else 1.0):
+                sections[name] = {"skipped": f"out of time ({left:.0f} s left of the check's budget, "
+                                             f"the section takes about {COST[name]} s)"}
+                continue
+            print(f"gpu-check: section {name} ({left:.0f} s left)", file=sys.stderr, flush=True)
+            try:
+                if name == "h2d":
+                    sections[name] = _section_h2d(args, sections.get("raw"))
+                else:
+                    sections[name] = {"raw": _section_raw, "decode": _section_decode,
+                                      "e2e": _section_e2e}[name](args, data)
+            except Exception as exc:  # one section's failure must not lose the others' figures
+                sections[name] = {"failed": f"{type(exc).__name__}: {exc}"[-2000:]}
+            if not cuda:
+                sections[name]["rehearsal"] = "on the CPU: the commands ran, nothing was measured"
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    return results
+
+
+def _steps(path: str | None) -> list[dict[str, Any]]:
+    """The shell script's steps before this one (wheels, build, tests), one JSON object a line."""
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def markdown(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    device = m.get("gpu", "no CUDA device")
+    out = [f"# gpu-check: {device}", "",
+           f"{results['when']}; {m['cpus']} CPUs, Python {m['python']}, torch {m['torch']}"
+           + (f" (CUDA {m['cuda_version']})" if m.get("cuda_version") else "") + f", PIL {m['pil']}; "
+           f"crop decoder: {m['crop_decoder']}.", "", "| step | result |", "|---|---|"]
+    for step in results["steps"]:
+        out.append(f"| {step['step']} | {step['status']}: {step['detail']} |")
+    out += ["", "| section | target | this run | met |", "|---|---|---|---|"]
+    for name in SECTIONS:
+        s = results["sections"].get(name, {"skipped": "not run"})
+        if "skipped" in s or "failed" in s:
+            run_, met = ("skipped: " + s["skipped"]) if "skipped" in s else "FAILED: " + s["failed"][:300], "—"
+        else:
+            run_ = s["summary"] + (f" ({s['rehearsal']})" if "rehearsal" in s else "")
+            met = "—" if s.get("met") is None or "rehearsal" in s else ("yes" if s["met"] else "**no**")
+        out.append(f"| {name} | {TARGETS[name]} | {run_.replace('|', '/')} | {met} |")
+    rows = [(name, row, r) for name in SECTIONS for row, r in results["sections"].get(name, {}).get("rows", {}).items()]
+    if rows:
+        out += ["", "| section | contender | samples/s (range) | main CPU % | starvation |", "|---|---|---:|---:|---:|"]
+        for name, row, r in rows:
+            lo, hi = r.get("range", {}).get("samples_per_s", [r["samples_per_s"]] * 2)
+            out.append(f"| {name} | {row} | {r['samples_per_s']:.0f} ({lo:.0f}-{hi:.0f}) | "
+                       f"{r.get('main_cpu_pct', float('nan')):.1f} | "
+                       + (f"{r['starvation']:.1%}" if "starvation" in r else "—") + " |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    cpus = len(os.sched_getaffinity(0))
+    p = argparse.ArgumentParser(prog="python -m feedline.bench.gpu_check")
+    p.add_argument("--out", required=True, help="folder for results.json and results.md")
+    p.add_argument("--steps", help="the shell script's steps so far (JSON lines)")
+    p.add_argument("--deadline", type=float, default=time.time() + 420, help="epoch seconds by which to finish")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--rehearse", action="store_true", help="without CUDA: run each section's contenders briefly")
+    p.add_argument("--workers", type=int, default=max(1, min(8, cpus // 2)))
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--raw-samples", type=int, default=512)
+    p.add_argument("--jpeg-samples", type=int, default=2048)
+    p.add_argument("--e2e-model", choices=("resnet50", "tiny"), default="resnet50")
+    p.add_argument("--e2e-workers", type=int, default=max(1, cpus - 4))
+    p.add_argument("--e2e-batch-size", type=int, default=256)
+    p.add_argument("--e2e-steps", type=int, default=30)
+    p.add_argument("--e2e-rounds", type=int, default=2)
+    p.add_argument("--cache-dir", default=os.path.join("build", "gpu-check", "cache"))
+    args = p.parse_args(argv)
+    if args.rehearse:  # the commands, not a measurement: as short as they go
+        args.rounds = args.e2e_rounds = 1
+        args.seconds, args.warmup, args.e2e_steps, args.e2e_model = 0.5, 0.0, 2, "tiny"
+        args.e2e_batch_size, args.workers, args.e2e_workers = 8, min(args.workers, 2), min(args.e2e_workers, 2)
+    results = run(args)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=2, default=list)
+    text = markdown(results)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
