@@ -206,6 +206,23 @@ def test_the_sidecar_fetches_anew_a_shard_the_source_now_has_in_another_format(t
     assert sorted(os.listdir(os.path.join(cache, "shards"))) == [".partial", "ids-0000.parquet", "ids-0000.parquet.idx"]
 
 
+def test_a_sidecar_is_never_ready_on_a_shard_the_source_now_has_in_another_format(tmp_path, cache):
+    """/readyz is served from ready() as soon as the sidecar exists, before run(): the stale entry must be gone
+    by then, or a loader starting at that moment reads data the source no longer has."""
+    from feedline.sampler.settings import SidecarSettings
+    from feedline.sampler.sidecar import Sidecar
+
+    id_shards(str(tmp_path / "old"), shards=1, per_shard=20)
+    copy_in(CacheStore(cache, 1 << 30), tmp_path / "old" / "ids-0000.tar", "ids-0000", "tar")
+    (tmp_path / "remote").mkdir()
+    pyarrow_rows(tmp_path / "remote" / "ids-0000.parquet", range(50, 80), row_group_size=8)
+    with FileStore(str(tmp_path / "remote")) as remote:
+        sidecar = Sidecar(SidecarSettings(source=f"{remote.url}/ids-0000.parquet", cache=cache, budget=16 << 20))
+        ready, why = sidecar.ready()
+        assert not ready and "0 of min_shards=1" in why
+        assert read_manifest(cache).shards == []
+
+
 def test_a_parquet_cell_over_the_member_bound_is_skipped_and_counted_with_or_without_a_transform(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

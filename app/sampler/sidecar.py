@@ -69,6 +69,7 @@ class Sidecar:
         self._quota = 0
         self.schedule = RetrySchedule(maximum=s.retry_max_seconds)
         self.fetched = 0
+        self._reconcile()
 
     # -- start-up checks ----------------------------------------------------------------------
 
@@ -155,6 +156,19 @@ class Sidecar:
         mem = check_memory_for("the cache", max(0, budget + in_flight - cached) + PROCESS_MEMORY)
         if mem.ok is False:
             raise SettingError("budget", f"{mem.detail}; {mem.fix}")
+
+    def _reconcile(self) -> None:
+        """The cache as this source has it, before anyone can ask ``ready()`` (the face serves /readyz from it once
+        the sidecar exists): what a crash left is recovered, and shards the source now has in another format (a
+        .tar became a .parquet of the same name) are evicted, so no reader is told to start on data the source
+        no longer has."""
+        self.store.recover()
+        formats = {x.id: x.format for x in self.shards}
+        stale = {e.id for e in self.store.entries if e.id in formats and e.format != formats[e.id]}
+        if stale:
+            log.warning("%d cached shard(s) are in another format than the source's now (%s, ...): evicted, to be "
+                        "fetched anew", len(stale), sorted(stale)[0])
+            self.store.evict(stale)
 
     # -- readiness --------------------------------------------------------------------------
 
@@ -256,13 +270,6 @@ class Sidecar:
     def run(self) -> int:
         """Fill the cache until ``stop()``; returns the process exit code."""
         s = self.settings
-        self.store.recover()
-        formats = {x.id: x.format for x in self.shards}
-        stale = {e.id for e in self.store.entries if e.id in formats and e.format != formats[e.id]}
-        if stale:  # the source now has these in another format (a .tar became a .parquet of the same name)
-            log.warning("%d cached shard(s) are in another format than the source's now (%s, ...): evicted, to be "
-                        "fetched anew", len(stale), sorted(stale)[0])
-            self.store.evict(stale)
         last_epoch = max((r.epoch for r in read_readers(self.cache_dir)), default=None)
         self._quota = self.policy.initial(len(self.store.entries))
         log.info("sampling into %s: budget %s, policy %s, %d fetch threads", self.cache_dir, fmt_bytes(s.budget),
