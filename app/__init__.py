@@ -18,7 +18,7 @@ __all__ = ["StagingLoader", "Source", "LoaderSettings", "DeviceDecode", "Spec", 
            "SettingError", "__version__"]
 
 _LAZY = {
-    "StagingLoader": ".api",
+    "StagingLoader": ".api.staging_loader",
     "Source": ".loader.plan.mixture",
     "LoaderSettings": ".loader.settings",
     "DeviceDecode": ".loader.settings",

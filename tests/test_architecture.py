@@ -23,8 +23,11 @@ ALLOWED = {
     "sampler": {"sampler", "formats", "cache"} | BASE,
     "metrics": {"metrics", "loader", "sampler", "cache", "formats", PACKAGE} | BASE,
 }
-FACE = {PACKAGE, "__main__", "api", "config", "cli", "train", "sgd", "run", "checkpoint", "stopping", "distributed", "demo",
-        "bench", "report", "mixing", "keytrace", "soak", "doctor"}  # may import anything
+FACE = {PACKAGE, "__main__", "api", "appliance", "trainer", "demo", "bench", "report", "soak"}  # may import anything
+# ... but within the face, one way too: the library's face knows neither the appliance, the demo trainer nor the
+# tools; the demo trainer does not know the appliance that starts it, nor the tools.
+FACE_BELOW = {"api": {"appliance", "trainer", "demo", "bench", "report", "soak"},
+              "trainer": {"appliance", "demo", "bench", "report", "soak"}}
 
 # Inside the loader, the stages in the order of the data flow (docs/architecture.md, "The loader's folders").
 # A stage imports only the stages before it; everyone may import the loader's base modules; the loader's face
@@ -120,6 +123,16 @@ def violations(root: str = APP) -> list[str]:
     return bad
 
 
+def face_violations(root: str = APP) -> list[str]:
+    bad = []
+    for path, module in modules(root):
+        part = part_of(module)
+        for line, target in imports_of(path, module, root):
+            if part_of(target) in FACE_BELOW.get(part, ()):
+                bad.append(f"{os.path.relpath(path, root)}:{line}: {part} imports {target} ({part_of(target)})")
+    return bad
+
+
 def stage_violations(root: str = APP) -> list[str]:
     bad = []
     for path, module in modules(root):
@@ -192,13 +205,28 @@ def test_the_direction_check_catches_a_library_part_reaching_up(tmp_path):
     root = _package(tmp_path, {
         "__init__.py": "", "loader/__init__.py": "",
         "loader/pool.py": "from ..metrics.sink import PrometheusSink\n"
-                          "def f():\n    from feedline.config import Config\n"
+                          "def f():\n    from feedline.api.config import Config\n"
                           "from ..sampler import fetch\n"
                           "from .scheduler import Scheduler\n"})
     found = violations(root)
     assert len(found) == 3
     assert any("metrics" in v for v in found) and any("config" in v for v in found)
     assert any("sampler" in v for v in found)
+
+
+def test_the_face_imports_one_way_the_library_face_below_the_trainer_below_the_appliance():
+    assert face_violations() == []
+
+
+def test_the_face_check_catches_the_library_face_reaching_into_the_appliance(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "", "api/__init__.py": "", "trainer/__init__.py": "", "appliance/__init__.py": "",
+        "api/config.py": "def f():\n    from ..appliance.cli import main\n",
+        "trainer/train.py": "from ..api.config import Config\nfrom ..appliance import stopping\n",
+        "appliance/cli.py": "from ..trainer.train import train\nfrom ..api.config import Config\n"})
+    found = face_violations(root)
+    assert len(found) == 2, found
+    assert any("api imports" in v for v in found) and any("trainer imports" in v for v in found)
 
 
 def test_every_library_part_is_in_the_table():

@@ -8,7 +8,7 @@ import pytest
 from helpers import Slow, id_shards
 
 from feedline import StagingLoader
-from feedline.config import Config, ConfigError
+from feedline.api.config import Config, ConfigError
 from feedline.errors import SettingError
 from feedline.loader.tune import autotune, tuner
 

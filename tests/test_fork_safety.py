@@ -215,7 +215,7 @@ def test_stall_timeout_must_be_a_positive_number_of_seconds(tmp_path, value):
 
 
 def test_stall_timeout_comes_from_the_environment_then_the_flag_and_a_bad_one_is_refused():
-    from feedline.config import Config, ConfigError
+    from feedline.api.config import Config, ConfigError
 
     env = {"FEEDLINE_STALL_TIMEOUT": "45"}
     assert Config.load({}, env={}).loader_settings().stall_timeout == 120.0

@@ -314,7 +314,7 @@ def test_feedline_train_mixes_and_its_summary_counts_samples_per_source_per_epoc
     ({"mix": "web=data/*.tar@1", "cache": "c"}, {}, "with cache set, name the parts"),
 ])
 def test_a_bad_mix_is_refused_at_start_up_naming_the_setting(values, env, says):
-    from feedline.config import Config, ConfigError
+    from feedline.api.config import Config, ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(says)) as err:
         Config.load(values, env=env)
@@ -447,7 +447,7 @@ def test_a_small_source_of_a_mixed_cache_cached_whole_does_not_hold_the_loader_a
 
 def test_one_parser_reads_both_sides_items_and_each_side_refuses_the_others_share():
     from feedline.cache.mix_items import MixItem, parse_items
-    from feedline.mixing import MixError, parse_mix
+    from feedline.api.mixing import MixError, parse_mix
     from feedline.sampler.mixed import mixture_of
 
     assert parse_items("web=https://u@s/w-{0..9}.tar@0.7;cur=s3://b/c/@512MiB eval=data/e/*.tar#50 rare@2") == [

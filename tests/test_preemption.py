@@ -18,7 +18,8 @@ from helpers import ROOT, children_of, jpeg_bytes, shm_entries, wait_for, write_
 # right after): the signal lands exactly there, every time.
 AT = textwrap.dedent("""
     import atexit, os, signal, sys, time
-    import feedline.checkpoint, feedline.cli, feedline.config, feedline.loader.loader, feedline.train
+    import feedline.api.config, feedline.appliance.cli, feedline.loader.loader
+    import feedline.trainer.checkpoint, feedline.trainer.train
 
     def term():
         os.kill(os.getpid(), signal.SIGTERM)
@@ -33,8 +34,8 @@ AT = textwrap.dedent("""
 
     moment = sys.argv[1]
     if moment == "settings":  # before anything is built
-        real_load = feedline.config.Config.load.__func__
-        feedline.config.Config.load = classmethod(lambda cls, *a, **k: (term(), real_load(cls, *a, **k))[1])
+        real_load = feedline.api.config.Config.load.__func__
+        feedline.api.config.Config.load = classmethod(lambda cls, *a, **k: (term(), real_load(cls, *a, **k))[1])
     elif moment == "loader":  # while the loader starts: its ring made, its workers starting
         class Pool(feedline.loader.loader.WorkerPool):
             def __init__(self, *a, **k):
@@ -43,14 +44,14 @@ AT = textwrap.dedent("""
         feedline.loader.loader.WorkerPool = Pool
     elif moment == "step":  # in the middle of the third step's forward pass
         calls = []
-        before(feedline.train.DemoNet, "forward", lambda *a: calls.append(1) or len(calls) == 3)
+        before(feedline.trainer.train.DemoNet, "forward", lambda *a: calls.append(1) or len(calls) == 3)
     elif moment == "save":  # in the middle of a periodic checkpoint
-        before(feedline.checkpoint.CheckpointDir, "save")
+        before(feedline.trainer.checkpoint.CheckpointDir, "save")
     elif moment == "summary":
-        before(feedline.train, "print_summary")
+        before(feedline.trainer.train, "print_summary")
     elif moment == "exit":  # after main returned, in the interpreter's way out
         atexit.register(lambda: (term(), time.sleep(0.5)))
-    sys.exit(feedline.cli.main(sys.argv[2:]))
+    sys.exit(feedline.appliance.cli.main(sys.argv[2:]))
 """)
 
 

@@ -20,7 +20,7 @@ from helpers import (
     write_tar,
 )
 
-from feedline.config import Config, ConfigError, parse_size
+from feedline.api.config import Config, ConfigError, parse_size
 
 TRAINING_LOOP = textwrap.dedent("""
     import faulthandler, signal, sys, time
@@ -109,8 +109,8 @@ def _step_threads_after(monkeypatch, workers, cpus=4, device_decode=None, omp=No
 
     import torch
 
-    import feedline.train as train
-    from feedline.distributed import Job
+    import feedline.trainer.train as train
+    from feedline.trainer.distributed import Job
 
     monkeypatch.setattr(train, "usable_cpus", lambda: (cpus, "test"))
     if omp is None:

@@ -295,7 +295,7 @@ def test_a_sigkill_between_checkpoints_resumes_with_every_sample_in_the_trace_on
 
 
 def test_a_trace_rewound_to_a_position_drops_what_came_after_it(tmp_path):
-    from feedline.keytrace import KeyTrace
+    from feedline.trainer.keytrace import KeyTrace
 
     path = str(tmp_path / "keys" / "epoch-{epoch}.txt")
     with KeyTrace(path) as trace:
@@ -337,7 +337,7 @@ def test_the_demo_jobs_optimizer_steps_and_saves_as_torch_optim_sgd_does_and_loa
 
     import torch
 
-    from feedline.sgd import MomentumSGD
+    from feedline.trainer.sgd import MomentumSGD
 
     torch.manual_seed(0)
     ours = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))

@@ -106,7 +106,7 @@ def test_a_worker_whose_memory_creeps_is_replaced_and_no_sample_is_lost_or_skipp
 
 
 def test_a_ceiling_too_small_for_a_worker_to_start_is_refused_naming_the_setting(shards):
-    from feedline.config import Config, ConfigError
+    from feedline.api.config import Config, ConfigError
     from feedline.errors import SettingError
 
     with pytest.raises(SettingError, match="worker_memory.*at least 256 MiB, or 0"):

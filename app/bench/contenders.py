@@ -64,7 +64,7 @@ def _webdataset(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[st
 
 
 def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
-    from ..api import StagingLoader
+    from ..api.staging_loader import StagingLoader
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     decode: dict[str, Any] = {}

@@ -66,7 +66,7 @@ def resnet(blocks: tuple[int, ...] = (3, 4, 6, 3), base: int = 64, classes: int 
 def _feed(args: argparse.Namespace, device: torch.device) -> Iterable[dict[str, Any]]:
     shards = sorted(glob.glob(args.shards))
     if args.feed == "feedline":
-        from ..api import StagingLoader
+        from ..api.staging_loader import StagingLoader
 
         extra: dict[str, Any] = ({"device_decode": {"fields": ["jpg"], "size": args.image_size}}
                                  if args.device_decode else

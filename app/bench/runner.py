@@ -20,7 +20,7 @@ import tempfile
 import time
 from typing import Any
 
-from ..config import parse_size
+from ..api.config import parse_size
 from ..demo.datasets import make_dataset
 from ..preflight import pil_is_simd
 from .report import CEILING, render_markdown, targets

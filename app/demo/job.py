@@ -20,7 +20,7 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from ..config import Config, ConfigError
+from ..api.config import Config, ConfigError
 from .procs import free_port, stop_process
 from .prometheus import PrometheusServer
 from .store import FileStore

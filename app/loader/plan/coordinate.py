@@ -74,19 +74,8 @@ class RankCoordinator:
         return target
 
     def gather(self, doc: Any) -> list[Any]:
-        """Every rank's ``doc`` (plain JSON data), on every rank, as bytes over the loader's group: never pickled.
-
-        A collective: every rank calls it (``state_dict`` under torch.distributed)."""
-        import torch.distributed as dist
-
-        data = torch.frombuffer(bytearray(json.dumps(doc).encode()), dtype=torch.uint8)
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
-        dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64), group=self._group)
-        padded = torch.zeros(int(max(int(n) for n in sizes)), dtype=torch.uint8)
-        padded[: data.numel()] = data
-        out = [torch.zeros_like(padded) for _ in range(self.world)]
-        dist.all_gather(out, padded, group=self._group)
-        return [json.loads(o[: int(n)].numpy().tobytes()) for o, n in zip(out, sizes)]
+        """Every rank's ``doc`` over the loader's group (``state_dict`` under torch.distributed): a collective."""
+        return gather_json(doc, self.world, self._group)
 
     def close(self) -> None:
         import torch.distributed as dist
@@ -96,3 +85,19 @@ class RankCoordinator:
                 dist.destroy_process_group(self._group)
             except (RuntimeError, ValueError):
                 pass
+
+
+def gather_json(doc: Any, world: int, group: Any = None) -> list[Any]:
+    """Every rank's ``doc`` (plain JSON data), on every rank, as bytes over ``group`` (None: the default group):
+    never pickled, unlike ``all_gather_object``. A collective: every rank of the group calls it. The loader's
+    state under torch.distributed and the demo trainer's summaries both go through it."""
+    import torch.distributed as dist
+
+    data = torch.frombuffer(bytearray(json.dumps(doc).encode()), dtype=torch.uint8)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64), group=group)
+    padded = torch.zeros(int(max(int(n) for n in sizes)), dtype=torch.uint8)
+    padded[: data.numel()] = data
+    out = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(out, padded, group=group)
+    return [json.loads(o[: int(n)].numpy().tobytes()) for o, n in zip(out, sizes)]

@@ -27,10 +27,10 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from . import __version__
-from .config import Config, ConfigError, parse_size
-from .errors import SettingError
-from .metrics.exporter import MetricsPortError
+from .. import __version__
+from ..api.config import Config, ConfigError, parse_size
+from ..errors import SettingError
+from ..metrics.exporter import MetricsPortError
 from .stopping import StopSignal, Stopped
 
 log = logging.getLogger("feedline")
@@ -68,7 +68,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace, stop: StopSignal) -> int:
     cfg = Config.load(args)
-    from .distributed import Job, process_group
+    from ..trainer.distributed import Job, process_group
 
     job = Job.from_env(os.environ)
     _setup_logging(cfg.log_level if job.leader else "WARNING")  # under torchrun, rank 0 speaks for all
@@ -77,8 +77,8 @@ def _train(args: argparse.Namespace, stop: StopSignal) -> int:
                           "(--cache / FEEDLINE_CACHE) or mix (--mix / FEEDLINE_MIX)")
     import torch
 
-    from .keytrace import KeyTrace
-    from .train import build_loader, epoch_samples, print_summary, train
+    from ..trainer.keytrace import KeyTrace
+    from ..trainer.train import build_loader, epoch_samples, print_summary, train
 
     with contextlib.ExitStack() as stack:
         with stop.starting():  # a SIGTERM from here until the loader is up ends the start-up
@@ -141,7 +141,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_make_shards(args: argparse.Namespace) -> int:
     _setup_logging("INFO")
-    from .formats.shard_writer import (
+    from ..formats.shard_writer import (
         samples_from_folder,
         samples_from_list,
         write_shards,
@@ -161,7 +161,7 @@ def cmd_make_shards(args: argparse.Namespace) -> int:
 
 def cmd_make_dataset(args: argparse.Namespace) -> int:
     _setup_logging("INFO")
-    from .demo.datasets import make_dataset
+    from ..demo.datasets import make_dataset
 
     with Progress(TextColumn(f"[bold]{args.kind} dataset"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
@@ -183,15 +183,15 @@ def _on_stop_signals(stop: Any) -> None:
 def cmd_sample(args: argparse.Namespace) -> int:
     cfg = Config.load(args)
     _setup_logging(cfg.log_level)
-    from .metrics.catalog import SAMPLER
-    from .metrics.exporter import Exporter
-    from .sampler.mixed import MixedSidecar, mixture_of
-    from .sampler.sidecar import Sidecar
+    from ..metrics.catalog import SAMPLER
+    from ..metrics.exporter import Exporter
+    from ..sampler.mixed import MixedSidecar, mixture_of
+    from ..sampler.sidecar import Sidecar
 
     stopping = threading.Event()
     _on_stop_signals(stopping.set)  # first: a SIGTERM while starting up still stops cleanly
     settings = cfg.sidecar_settings()
-    from .demo.datasets import DEMO_STORE, NO_DEMO_STORE
+    from ..demo.datasets import DEMO_STORE, NO_DEMO_STORE
 
     demo = DEMO_STORE in cfg.source
     if demo:
@@ -216,12 +216,12 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     _setup_logging("INFO")
-    from .demo.store import FileStore
+    from ..demo.store import FileStore
 
     done = threading.Event()
     _on_stop_signals(done.set)
     if args.demo_samples:
-        from .demo.datasets import make_demo_store
+        from ..demo.datasets import make_demo_store
 
         index = make_demo_store(args.root, args.demo_samples, parse_size(args.shard_size), args.cache_dir)
         log.info("demo dataset: %s lists its shards", index)
@@ -236,7 +236,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     cfg = Config.load(args)
     _setup_logging(cfg.log_level)
-    from .demo.job import run_demo
+    from ..demo.job import run_demo
 
     return run_demo(cfg, args.data, console)
 
@@ -250,7 +250,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from .metrics.dashboard import render
+    from ..metrics.dashboard import render
 
     with open(args.out, "w") as f:
         f.write(render())
@@ -260,21 +260,21 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 def cmd_soak(args: argparse.Namespace) -> int:
     _setup_logging("INFO")
-    from .soak.command import run
+    from ..soak.command import run
 
     return run(args)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     _setup_logging("WARNING")
-    from .report.command import run
+    from ..report.command import run
 
     return run(args, console)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     _setup_logging("WARNING")
-    from .bench.runner import main as bench_main
+    from ..bench.runner import main as bench_main
 
     return bench_main(args)
 
@@ -346,8 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="grafana/dashboards/feedline.json")
     p.set_defaults(func=cmd_dashboard)
 
-    from .report.command import add_arguments as report_arguments
-    from .soak.command import add_arguments as soak_arguments
+    from ..report.command import add_arguments as report_arguments
+    from ..soak.command import add_arguments as soak_arguments
 
     p = sub.add_parser("report", help="a self-contained HTML report of a run, from the Prometheus that scraped it")
     report_arguments(p)
@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     soak_arguments(p)
     p.set_defaults(func=cmd_soak)
 
-    from .bench.runner import add_arguments as bench_arguments
+    from ..bench.runner import add_arguments as bench_arguments
 
     p = sub.add_parser("bench", help="this loader against torch DataLoader and webdataset, side by side")
     bench_arguments(p)

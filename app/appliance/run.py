@@ -17,7 +17,7 @@ import shlex
 import shutil
 from collections.abc import Sequence
 
-from .config import Config, ConfigError
+from ..api.config import Config, ConfigError
 
 log = logging.getLogger("feedline")
 
@@ -43,14 +43,14 @@ def training_command(cfg: Config, argv: Sequence[str]) -> list[str]:
 
 def prepare(cfg: Config) -> None:
     """What ``feedline train`` checks before its first batch: pillow-simd, and a cache that is ready."""
-    from .preflight import check_pillow_simd
+    from ..preflight import check_pillow_simd
 
     simd = check_pillow_simd()
     if simd.ok is False:
         log.warning("%s: %s (%s)", simd.name, simd.detail, simd.fix)
     if cfg.cache:
-        from .cache.mix import part_dir, wait_for_layout
-        from .cache.source import CacheSource
+        from ..cache.mix import part_dir, wait_for_layout
+        from ..cache.source import CacheSource
 
         parts = wait_for_layout(cfg.cache, cfg.wait_timeout)  # a mixing sidecar's cache: every source's part
         for where in [part_dir(cfg.cache, p.name) for p in parts] if parts else [cfg.cache]:

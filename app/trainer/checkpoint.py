@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .formats.files import fsync_dir
+from ..formats.files import fsync_dir
 
 log = logging.getLogger("feedline.train")
 

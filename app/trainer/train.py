@@ -21,16 +21,16 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from .api import StagingLoader
+from ..api.staging_loader import StagingLoader
 from .checkpoint import CheckpointDir, random_states, restore_random_states
-from .config import Config
+from ..api.config import Config
 from .distributed import Job, anyone, barrier, gather_json
 from .keytrace import KeyTrace
-from .formats.transforms import RandomResizedCrop
-from .loader.plan.resume import RANKS_FORMAT
-from .loader.settings import DeviceDecode
-from .loader.stats import LoaderStats
-from .loader.tune.autotune import usable_cpus
+from ..formats.transforms import RandomResizedCrop
+from ..loader.plan.resume import RANKS_FORMAT
+from ..loader.settings import DeviceDecode
+from ..loader.stats import LoaderStats
+from ..loader.tune.autotune import usable_cpus
 from .sgd import MomentumSGD
 
 log = logging.getLogger("feedline.train")
@@ -333,7 +333,7 @@ def _across_ranks(es: EpochSummary, job: Job) -> None:
 
 def epoch_samples(loader: StagingLoader) -> int | None:
     """Samples this rank sees in the current epoch, from the shard indexes (for the progress bar)."""
-    from .formats.shard_index import ShardError, load_index
+    from ..formats.shard_index import ShardError, load_index
 
     plan = loader.plan
     if plan is not None and plan.mixture is not None:  # the epoch's draw, not the shards' contents

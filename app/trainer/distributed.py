@@ -9,7 +9,6 @@ GPUs and gloo on CPUs, and is destroyed on every way out.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,7 +16,8 @@ from typing import Any
 
 import torch
 
-from .config import ConfigError
+from ..api.config import ConfigError
+from ..loader.plan import coordinate
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -93,20 +93,8 @@ def anyone(job: Job, flag: bool) -> bool:
 
 
 def gather_json(job: Job, doc: Any) -> list[Any]:
-    """Every rank's ``doc`` (plain JSON data), on every rank, as raw bytes over the group: never pickled."""
-    if not job.distributed:
-        return [doc]
-    import torch.distributed as dist
-
-    data = torch.frombuffer(bytearray(json.dumps(doc).encode()), dtype=torch.uint8)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(job.world)]
-    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64))
-    longest = int(max(s.item() for s in sizes))
-    padded = torch.zeros(longest, dtype=torch.uint8)
-    padded[: data.numel()] = data
-    out = [torch.zeros(longest, dtype=torch.uint8) for _ in range(job.world)]
-    dist.all_gather(out, padded)
-    return [json.loads(o[: int(n.item())].numpy().tobytes()) for o, n in zip(out, sizes)]
+    """Every rank's ``doc`` (plain JSON data), on every rank, over the job's group: never pickled."""
+    return coordinate.gather_json(doc, job.world) if job.distributed else [doc]
 
 
 def barrier(job: Job) -> None:

@@ -14,11 +14,11 @@ import weakref
 from typing import Any
 
 from .config import Config, ConfigError
-from .loader import loader
-from .loader.plan.rank import Rank
-from .metrics.catalog import LOADER
-from .metrics.exporter import Exporter
-from .sink import StatsSink, combine
+from ..loader import loader
+from ..loader.plan.rank import Rank
+from ..metrics.catalog import LOADER
+from ..metrics.exporter import Exporter
+from ..sink import StatsSink, combine
 
 METRICS_PORT_SETTING = "metrics_port (--metrics-port / FEEDLINE_METRICS_PORT)"
 

@@ -14,10 +14,10 @@ apply otherwise); a name the cache does not hold is refused.
 
 from __future__ import annotations
 
-from .cache.mix import MixPart, part_dir
-from .cache.mix_items import MixSyntaxError, parse_items
-from .errors import SettingError
-from .loader.plan.mixture import Source, check_sources
+from ..cache.mix import MixPart, part_dir
+from ..cache.mix_items import MixSyntaxError, parse_items
+from ..errors import SettingError
+from ..loader.plan.mixture import Source, check_sources
 
 FORMAT = "NAME=[cache:]WHERE[@WEIGHT|#SAMPLES] items separated by spaces or ';'"
 

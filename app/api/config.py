@@ -14,11 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .loader.plan.rank import Rank
-from .loader.settings import MIN_WORKER_MEMORY, LoaderSettings
-from .cache.mix import wait_for_layout
+from ..loader.plan.rank import Rank
+from ..loader.settings import MIN_WORKER_MEMORY, LoaderSettings
+from ..cache.mix import wait_for_layout
 from .mixing import MixError, check_parts, parse_mix
-from .sampler.settings import DEFAULT_CACHE, SidecarSettings
+from ..sampler.settings import DEFAULT_CACHE, SidecarSettings
 
 ENV_PREFIX = "FEEDLINE_"
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from .config import Config
-from .formats import fastjpeg
-from .loader.layout.side import KEY_ONLY_SIDE_BYTES
-from .loader.settings import default_ring_slots
-from .loader.tune.autotune import resolved
-from .preflight import Check, check_docker, check_gpu, check_memory_for, check_pillow_simd, check_shm, fmt_bytes
-from .sampler.settings import DEFAULT_CACHE
+from ..api.config import Config
+from ..formats import fastjpeg
+from ..loader.layout.side import KEY_ONLY_SIDE_BYTES
+from ..loader.settings import default_ring_slots
+from ..loader.tune.autotune import resolved
+from ..preflight import Check, check_docker, check_gpu, check_memory_for, check_pillow_simd, check_shm, fmt_bytes
+from ..sampler.settings import DEFAULT_CACHE
 
 
 def _check_crop_decoder() -> Check:
