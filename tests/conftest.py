@@ -21,12 +21,18 @@ NO_CUDA = "no CUDA device on this machine"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device; skipped without one, run by scripts/gpu-check")
+    config.addinivalue_line("markers", "idle_cpus: its verdict needs idle CPUs (it grows workers into them, or "
+                                       "bounds a rate): runs after the background soak has ended")
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m have deselected: only the tests that will run count
 def pytest_collection_modifyitems(session, config, items):
     """Tests marked ``cuda`` skip where there is no CUDA device (scripts/gpu-check runs them on a lent GPU).
+
     The 3-minute soak run starts now, when its test is among those to run: it runs beside the others
-    (``background_soak.py``), and its test checks it."""
+    (``background_soak.py``), and its test checks it. It takes a share of the CPUs while it runs, so the tests
+    marked ``idle_cpus`` run last, after the soak's test has waited for its end: no other work of the suite's
+    own is running beside them then."""
     import torch
 
     if not torch.cuda.is_available():
@@ -37,6 +43,8 @@ def pytest_collection_modifyitems(session, config, items):
     if any(item.name == background_soak.TEST for item in items):
         SOAK.start(ROOT)
         KEPT_FOR_THE_MODULE.add(SOAK.proc.pid)
+        late = [item for item in items if item.get_closest_marker("idle_cpus")]
+        items[:] = [item for item in items if not item.get_closest_marker("idle_cpus")] + late
 
 
 def pytest_sessionfinish(session, exitstatus):
