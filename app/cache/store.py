@@ -59,6 +59,10 @@ class Recovery:
     notes: list[str] = field(default_factory=list)
 
 
+class CacheDirError(ValueError):
+    """The cache directory cannot be this store's: the message names the path and what to do."""
+
+
 class CacheStore:
     """The cache directory's one writer: keeps the DESIGN.md invariants under one lock."""
 
@@ -76,6 +80,11 @@ class CacheStore:
         self._retained: dict[str, int] = {}  # id -> bytes of the files kept so
         os.makedirs(self.partial_dir, exist_ok=True)
         os.makedirs(os.path.join(self.root, READERS_DIR), exist_ok=True)
+        for d in (self.shards_dir, self.partial_dir, os.path.join(self.root, READERS_DIR)):
+            if os.path.islink(d):  # what this store writes and cleans must be its own, not a folder linked in
+                raise CacheDirError(f"{d} is a symbolic link (to {os.readlink(d)}): the cache writes and removes "
+                                    f"files there, so it must be a folder of its own; remove the link, or use "
+                                    f"another cache directory")
 
     # -- reading -------------------------------------------------------------------------
 
@@ -219,8 +228,8 @@ class CacheStore:
         """Bring the directory to a consistent state after any crash; nothing is trusted unverified."""
         r = Recovery()
         with self._lock:
-            for p in glob.glob(os.path.join(self.partial_dir, "*")):
-                shutil.rmtree(p) if os.path.isdir(p) else os.unlink(p)
+            for p in glob.glob(os.path.join(self.partial_dir, "*")):  # a link goes, never what it points to
+                shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
                 r.partial_removed += 1
             for d in (self.root, self.shards_dir, os.path.join(self.root, READERS_DIR)):
                 r.temporaries_removed += sweep_temporaries(d)

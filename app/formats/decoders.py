@@ -144,10 +144,12 @@ def decode_msgpack(data: memoryview, bound: int = DEFAULT_MAX_MEMBER_BYTES) -> A
     bound: declared lengths past it refused, values counted where the member could hold too many."""
     import msgpack
 
-    hooks: dict[str, Any] = {}
+    from .member_ext import MemberExtType
+
+    hooks: dict[str, Any] = {"ext_hook": MemberExtType}  # a member's extensions stay data (member_ext.py)
     if not fits_uncounted(len(data), bound):
         tally = MsgpackTally(len(data), bound)
-        hooks = {"list_hook": tally.list_hook, "object_hook": tally.object_hook}
+        hooks.update(list_hook=tally.list_hook, object_hook=tally.object_hook)
     try:
         return msgpack.unpackb(data, **msgpack_limits(bound), **hooks)
     except MemberTooLarge:
@@ -182,14 +184,16 @@ def decode_tenbin(data: memoryview, bound: int = DEFAULT_MAX_MEMBER_BYTES) -> li
         raise DecodeError(f"bad tenbin (.ten): {exc}") from None
 
 
-def decode_pth(data: memoryview) -> Any:
-    """Tensors and plain containers only: ``weights_only=True`` loads no class the data names."""
+def decode_pth(data: memoryview, bound: int = DEFAULT_MAX_MEMBER_BYTES) -> Any:
+    """Tensors and plain containers only: ``weights_only=True`` loads no class the data names. A tensor can be a
+    view larger than what the member stores (``zeros(1).expand(2**31)``: 4 bytes stored, 8 GiB once copied), so
+    every tensor counts at its elements x element size, views included, against the bound."""
     import pickle
 
     import torch
 
     try:
-        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        value = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as exc:
         text = str(exc)
         first = text[text.index("Unsupported"):].split(" was ")[0] if "Unsupported" in text else type(exc).__name__
@@ -199,6 +203,20 @@ def decode_pth(data: memoryview) -> Any:
             f"(fields=[...]), or pass decode={{'pth': your_function}} if you trust the data") from None
     except (RuntimeError, EOFError, ValueError, zlib.error) as exc:
         raise DecodeError(f"bad .pth: {exc}") from None
+    total = 0
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            total += v.numel() * v.element_size()
+            if total > bound:
+                raise MemberTooLarge(f"holds tensors of {total} bytes once materialised (views counted whole),",
+                                     bound)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+    return value
 
 
 class Refuse:
@@ -247,7 +265,7 @@ def default_decoders(bound: int = DEFAULT_MAX_MEMBER_BYTES) -> dict[str, DecodeF
         **{ext: decode_cls for ext in INT_EXTENSIONS},
         **{ext: Bounded(decode_text, bound) for ext in TEXT_EXTENSIONS},
         **{ext: Refuse(ext) for ext in UNSAFE_EXTENSIONS},
-        "pth": decode_pth,  # torch reads only what the member holds: the stored size bounds it
+        "pth": Bounded(decode_pth, bound),  # views count at their full size
         "bin": decode_raw,
     }
 

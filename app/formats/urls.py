@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import os
+import posixpath
 import re
 import urllib.parse
 from collections.abc import Sequence
@@ -119,6 +120,22 @@ def shard_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", base) or "shard"
 
 
+def _remote_entry(entry: str, base: str, lineno: int) -> str:
+    """An entry of a remote index as a URL: relative ones resolve against the index's own URL (``/x.tar`` on its
+    host, ``x.tar`` beside it); another scheme (``file:``, ``pipe:``...) is refused by name."""
+    scheme = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*):", entry)
+    if scheme and not is_remote(entry):
+        raise ShardListError(f"index {base} line {lineno}: {entry!r} is a {scheme.group(1)}: entry; a remote index "
+                             f"names remote shards only (http://, https://, s3://, or paths relative to the index)")
+    if is_remote(entry):
+        return entry
+    if base.startswith("s3://"):  # urljoin knows no s3: the bucket is the root, the index's folder the base
+        bucket, _, key = base[len("s3://"):].partition("/")
+        path = entry if entry.startswith("/") else "/" + posixpath.join(posixpath.dirname(key), entry)
+        return f"s3://{bucket}{posixpath.normpath(path)}"
+    return urllib.parse.urljoin(base, entry)
+
+
 def parse_index(text: str, base: str) -> list[IndexEntry]:
     """Lines of ``url [sha256] [size]``; ``#`` starts a comment; relative entries resolve against ``base``."""
     entries = []
@@ -126,9 +143,12 @@ def parse_index(text: str, base: str) -> list[IndexEntry]:
         parts = line.split("#", 1)[0].split()
         if not parts:
             continue
-        url = _local_path(parts[0])
-        if not is_remote(url) and not os.path.isabs(url):
-            url = urllib.parse.urljoin(base, url) if is_remote(base) else os.path.join(os.path.dirname(base), url)
+        if is_remote(base):  # a remote index names remote shards only, never a file of this host
+            url = _remote_entry(parts[0], base, lineno)
+        else:
+            url = _local_path(parts[0])
+            if not is_remote(url) and not os.path.isabs(url):
+                url = os.path.join(os.path.dirname(base), url)
         sha, size = "", None
         for extra in parts[1:]:
             if re.fullmatch(r"[0-9a-fA-F]{64}", extra):
@@ -158,6 +178,8 @@ def local_shards(names: Sequence[str]) -> list[IndexEntry]:
             with open(name) as f:
                 found.extend(parse_index(f.read(), os.path.abspath(name)))
         elif is_shard(name):
+            if os.path.exists(name) and not os.path.isfile(name):  # a FIFO, a device, a folder: never read
+                raise ShardListError(f"{name} is not a regular file; a local shard must be one")
             if os.path.exists(name):
                 found.append(IndexEntry(name))
         elif os.path.exists(name):

@@ -46,14 +46,15 @@ class Fetcher:
 
     def __init__(self, timeout: float, retries: int, stop: threading.Event, limiter: RateLimiter,
                  backoff: float = 0.5, min_rate: float = 0.0, auth: Callable[[], dict[str, str]] | None = None,
-                 ca_file: str | None = None, on_error: Callable[[str], None] | None = None, threads: int = 4):
+                 ca_file: str | None = None, on_error: Callable[[str], None] | None = None, threads: int = 4,
+                 auth_origins: frozenset[tuple[str, str, int]] = frozenset()):
         self.on_error = on_error or (lambda reason: None)  # every failed attempt, retried or not
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self.stop = stop
         self.limiter = limiter
-        self.http = HttpTransport(timeout, stop, limiter, min_rate, auth, ca_file)
+        self.http = HttpTransport(timeout, stop, limiter, min_rate, auth, ca_file, auth_origins)
         self._threads = threads
         self._s3: S3Client | None = None
         self._s3_lock = threading.Lock()

@@ -16,6 +16,7 @@ import email.utils
 import errno
 import hashlib
 import http.client
+import logging
 import os
 import socket
 import ssl
@@ -26,9 +27,12 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
+from ..formats.urls import expand
 from .errors import FetchAborted, FetchError
 from .ratelimit import RateLimiter
 from .sources import SourceShard
+
+log = logging.getLogger("feedline.sampler")
 
 CHUNK = 1 << 20
 USER_AGENT = "feedline-sampler"
@@ -61,8 +65,11 @@ class HttpTransport:
     """GETs of whole shards and small requests (HEAD, index files) for the sidecar's threads."""
 
     def __init__(self, timeout: float, stop: threading.Event, limiter: RateLimiter, min_rate: float = 0.0,
-                 auth: Callable[[], dict[str, str]] | None = None, ca_file: str | None = None):
+                 auth: Callable[[], dict[str, str]] | None = None, ca_file: str | None = None,
+                 auth_origins: frozenset[tuple[str, str, int]] = frozenset()):
         self.timeout = timeout
+        self._auth_origins = auth_origins  # the auth header goes to these (scheme, host, port) only
+        self._withheld: set[tuple[str, str, int]] = set()
         self.stop = stop
         self.limiter = limiter
         self.min_rate = min_rate
@@ -131,8 +138,16 @@ class HttpTransport:
                 except OSError:
                     pass
 
-    def _headers(self) -> dict[str, str]:
-        return {"User-Agent": USER_AGENT, **self._auth()}
+    def _headers(self, u: urllib.parse.SplitResult) -> dict[str, str]:
+        """The auth header goes to the origin of the source the user configured, never to a host an index names."""
+        where = origin(u)
+        if where in self._auth_origins:
+            return {"User-Agent": USER_AGENT, **self._auth()}
+        if where not in self._withheld and self._auth():
+            self._withheld.add(where)
+            log.warning("not sending the auth header to %s://%s:%d: not the origin of the source (%s)", *where,
+                        ", ".join(f"{s}://{h}:{p}" for s, h, p in sorted(self._auth_origins)) or "none")
+        return {"User-Agent": USER_AGENT}
 
     # -- a whole shard ----------------------------------------------------------------------
 
@@ -142,7 +157,7 @@ class HttpTransport:
         proxy, target = self._route(u)
         try:
             conn = self._conn(u, proxy)
-            conn.request("GET", target, headers=self._headers())
+            conn.request("GET", target, headers=self._headers(u))
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             raise self._broken(exc, u, proxy, answered=False) from None
@@ -251,7 +266,7 @@ class HttpTransport:
         proxy, target = self._route(u)
         conn = self._connect(u, proxy, timeout or self.timeout)
         try:
-            conn.request(method, target, headers=self._headers())
+            conn.request(method, target, headers=self._headers(u))
             resp = conn.getresponse()
             return resp.status, resp.reason, resp.getheader("Content-Length"), resp.read()
         finally:
@@ -278,6 +293,17 @@ def _read_some(resp: http.client.HTTPResponse, buf: memoryview) -> int:
         raise http.client.IncompleteRead(b"", resp.length)
     resp.length -= k
     return k
+
+
+def origin(u: urllib.parse.SplitResult) -> tuple[str, str, int]:
+    """(scheme, host, port) of a URL: what a credential is tied to (curl's and requests' rule)."""
+    return u.scheme, (u.hostname or "").lower(), u.port or (443 if u.scheme == "https" else 80)
+
+
+def auth_origins(source: str) -> frozenset[tuple[str, str, int]]:
+    """The origins of the HTTP(S) URLs the source setting names: where its auth header may go."""
+    return frozenset(origin(urllib.parse.urlsplit(n)) for n in expand(source.strip())
+                     if n.startswith(("http://", "https://")))
 
 
 def auth_headers(header: str, header_file: str) -> Callable[[], dict[str, str]]:

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..cache.readers import leased_ids, read_readers
-from ..cache.store import BudgetError, CacheStore
+from ..cache.store import BudgetError, CacheDirError, CacheStore
 from ..errors import SettingError
 from ..formats.compressed import TooLarge, decompress
 from ..formats.shard_index import ShardError
@@ -27,7 +27,7 @@ from ..formats.urls import IndexEntry, is_remote
 from ..preflight import check_memory_for, fmt_bytes, fs_space
 from ..sink import NullSink, StatsSink
 from .fetch import FetchAborted, Fetcher, FetchError, RateLimiter
-from .http import auth_headers
+from .http import auth_headers, auth_origins
 from .policy import FillPolicy, GrowPolicy, Policy, shard_plan
 from .s3 import S3Error
 from .schedule import RetrySchedule
@@ -54,13 +54,17 @@ class Sidecar:
         self.fetcher = Fetcher(s.fetch_timeout, s.retries, self.stop_event, RateLimiter(s.max_mbps * 1e6),
                                min_rate=s.fetch_min_mbps * 1e6, auth=auth_headers(s.auth_header, s.auth_header_file),
                                on_error=lambda reason: self.sink.inc("fetch_errors_total", reason=reason),
-                               threads=s.fetch_threads)
+                               threads=s.fetch_threads, auth_origins=auth_origins(s.source))
         self.shards = self._list_source()
         self._check_budget()
-        self.store = CacheStore(self.cache_dir, s.budget, on_evict=lambda e: self.sink.inc("cache_evictions_total"),
-                                source_ids=frozenset(x.id for x in self.shards),
-                                leased=(lambda: leased_ids(self.cache_dir, s.reader_lease)) if s.reader_lease > 0
-                                else None)
+        try:
+            self.store = CacheStore(self.cache_dir, s.budget,
+                                    on_evict=lambda e: self.sink.inc("cache_evictions_total"),
+                                    source_ids=frozenset(x.id for x in self.shards),
+                                    leased=(lambda: leased_ids(self.cache_dir, s.reader_lease)) if s.reader_lease > 0
+                                    else None)
+        except CacheDirError as exc:
+            raise SettingError("cache", str(exc)) from None
         self.policy: Policy = (GrowPolicy(s.initial_shards, s.grow_shards, s.replace_fraction)
                                if s.policy == "grow" else FillPolicy(s.fetch_threads, s.refresh_per_minute))
         self._plan = shard_plan(self.shards, s.seed)

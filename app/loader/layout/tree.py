@@ -9,6 +9,7 @@ only ever hold the plain types listed here.
 
 from __future__ import annotations
 
+import math
 import struct
 import sys
 from typing import Any
@@ -17,7 +18,7 @@ import msgpack
 import numpy as np
 
 _MAGIC = b"FLt1"  # our extension payloads start with it; a user's own msgpack ExtType passes through as is
-_ARRAY, _SCALAR, _TUPLE, _TENSOR, _SET, _FROZENSET = range(96, 102)
+_ARRAY, _SCALAR, _TUPLE, _TENSOR, _SET, _FROZENSET, _MEMBER = range(96, 103)
 
 
 class TreeError(TypeError):
@@ -36,6 +37,8 @@ def _array_payload(a: np.ndarray) -> bytes:
 
 
 def _default(value: Any) -> Any:
+    if isinstance(value, msgpack.ExtType):  # a member's own extension (formats/member_ext.py): wrapped
+        return msgpack.ExtType(_MEMBER, _MAGIC + pack([value.code, value.data]))  # whole, never read as ours
     if isinstance(value, np.ndarray):
         return msgpack.ExtType(_ARRAY, _array_payload(value))
     if isinstance(value, np.generic):
@@ -82,9 +85,23 @@ def _split(data: bytes) -> tuple[list[Any], memoryview]:
     return msgpack.unpackb(data[start : start + n]), memoryview(data)[start + n :]
 
 
+def _checked(shape: Any, itemsize: int, raw: memoryview) -> list[int]:
+    """The shape, once it is a list of counts whose bytes are exactly the payload's: nothing is allocated for
+    more than the wire carries."""
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                              for n in shape):
+        raise ValueError(f"not a shape: {shape!r}")
+    if math.prod(shape) * itemsize != len(raw):
+        raise ValueError(f"an array of shape {shape} and {itemsize}-byte items, but {len(raw)} bytes")
+    return shape
+
+
 def _array(data: bytes) -> np.ndarray:
-    (dtype, shape), raw = _split(data)
-    out = np.empty(shape, np.dtype(dtype))
+    (name, shape), raw = _split(data)
+    dtype = np.dtype(name)
+    if dtype.hasobject:
+        raise ValueError(f"not a plain dtype: {name!r}")
+    out = np.empty(_checked(shape, dtype.itemsize, raw), dtype)
     out.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, np.uint8)
     return out
 
@@ -93,10 +110,10 @@ def _tensor(data: bytes) -> Any:
     import torch
 
     (name, shape), raw = _split(data)
-    dtype = getattr(torch, name)
+    dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"not a torch dtype: {name!r}")
-    out = torch.empty(shape, dtype=dtype)
+    out = torch.empty(_checked(shape, dtype.itemsize, raw), dtype=dtype)
     if out.numel():
         out.reshape(-1).view(torch.uint8).numpy()[:] = np.frombuffer(raw, np.uint8)
     return out
@@ -111,6 +128,9 @@ def _ext_hook(code: int, data: bytes) -> Any:
         return _array(data)[()]
     if code == _TENSOR:
         return _tensor(data)
+    if code == _MEMBER:
+        member_code, member_data = unpack(data[len(_MAGIC):])
+        return msgpack.ExtType(member_code, member_data)
     if code in (_TUPLE, _SET, _FROZENSET):
         items = unpack(data[len(_MAGIC):])
         return tuple(items) if code == _TUPLE else set(items) if code == _SET else frozenset(items)
