@@ -13,12 +13,13 @@ import threading
 import msgpack
 import pytest
 import torch
-from helpers import id_shards, write_tar
+from helpers import id_shards, jpeg_bytes, write_tar
 
 from feedline import StagingLoader
 from feedline.cache.store import CacheStore
 from feedline.demo.store import FileStore
 from feedline.errors import SettingError
+from feedline.formats.bounds import DecodeError
 from feedline.formats.urls import ShardListError, parse_index
 from feedline.loader.layout import tree
 from feedline.sampler.settings import SidecarSettings
@@ -162,3 +163,20 @@ def test_recovery_removes_a_link_left_in_partial_never_what_it_points_to(tmp_pat
     os.symlink(theirs, os.path.join(store.partial_dir, "x.123.456"))
     store.recover()
     assert os.listdir(store.partial_dir) == [] and (theirs / "precious.txt").read_text() == "keep me"
+
+
+EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 16 16\n0 0 moveto 16 16 lineto stroke\nshowpage\n%%EOF\n"
+
+
+def test_an_image_member_holding_postscript_is_not_opened_by_ghostscripts_plugin(tmp_path):
+    from feedline.formats.images import decode_image
+
+    with pytest.raises(DecodeError, match="not a readable image"):
+        decode_image(memoryview(EPS))
+    samples = [(f"k{i}", {"cls": str(i).encode(), "jpg": EPS if i == 1 else jpeg_bytes(i)}) for i in range(4)]
+    with StagingLoader(write_tar(str(tmp_path / "eps.tar"), samples), batch_size=2, workers=1, shuffle=False,
+                       fields=["cls", "jpg"], spec={"cls": "int64", "jpg": ("uint8", (72, 96, 3))},
+                       max_sample_errors=0.5) as loader:
+        got = sorted(int(i) for b in loader for i in b["cls"])
+        assert loader.stats().sample_errors_total["corrupt"] == 1
+    assert got == [0, 2, 3]

@@ -53,7 +53,7 @@ from .bounds import (
     fits_uncounted,
     msgpack_limits,
 )
-from .images import decode_image
+from .images import IMAGE_EXTENSIONS, decode_image
 from .inflate import INFLATE, PACKAGES, split_suffix
 
 __all__ = ["DEFAULT_MAX_MEMBER_BYTES", "DecodeError", "Decoder", "MemberTooLarge", "UnsafeMemberError", "decode_image",
@@ -61,12 +61,6 @@ __all__ = ["DEFAULT_MAX_MEMBER_BYTES", "DecodeError", "Decoder", "MemberTooLarge
 
 DecodeFn = Callable[[memoryview], Any]
 
-# webdataset's IMAGE_EXTENSIONS (what PIL opens), less the formats PIL only names (bufr grib h5 hdf wmf emf),
-# MPEG video (mpg mpeg: bytes, like other video) and PostScript (ps eps: needs Ghostscript).
-IMAGE_EXTENSIONS = frozenset("""
-    apng blp bmp bw cur dcx dds dib fit fits flc fli ftc ftu gbr gif icb icns ico iim im j2c j2k jfif jp2 jpc jpe
-    jpeg jpf jpg jpx msp pbm pcd pcx pgm png pnm ppm psd pxr ras rgb rgba sgi tga tif tiff vda vst webp xbm xpm
-    """.split())
 INT_EXTENSIONS = frozenset({"cls", "cls2", "class", "count", "index", "inx", "id"})
 TEXT_EXTENSIONS = frozenset({"txt", "text", "transcript"})
 JSON_EXTENSIONS = frozenset({"json", "jsn"})

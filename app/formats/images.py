@@ -15,6 +15,14 @@ from typing import Any
 
 from .bounds import DEFAULT_MAX_MEMBER_BYTES, IMAGE_BYTES_PER_PIXEL, DecodeError, MemberTooLarge, about
 
+# webdataset's IMAGE_EXTENSIONS (what PIL opens), less the formats PIL only names (bufr grib h5 hdf wmf emf),
+# MPEG video (mpg mpeg: bytes, like other video) and PostScript (ps eps: needs Ghostscript).
+IMAGE_EXTENSIONS = frozenset("""
+    apng blp bmp bw cur dcx dds dib fit fits flc fli ftc ftu gbr gif icb icns ico iim im j2c j2k jfif jp2 jpc jpe
+    jpeg jpf jpg jpx msp pbm pcd pcx pgm png pnm ppm psd pxr ras rgb rgba sgi tga tif tiff vda vst webp xbm xpm
+    """.split())
+_formats: tuple[str, ...] | None = None  # Pillow's formats of those extensions: all Image.open may try
+
 _pillow_pixels: int | None = None  # the MAX_IMAGE_PIXELS this process set: the largest any decoder's bound allows
 _own_process = False  # a decode worker's: Pillow's settings are ours to set (never the user's training process)
 
@@ -50,13 +58,28 @@ def limit_pillow(bound: int) -> None:
 _PILLOW_PIXELS = re.compile(r"\((\d+) pixels\)")
 
 
+def image_formats() -> tuple[str, ...]:
+    """The Pillow formats a dataset's image members can be (those of ``IMAGE_EXTENSIONS``, and MPO, a camera's
+    JPEG): a member is sniffed by its content, so without this list a ``.jpg`` holding PostScript would open
+    with the EPS plugin, which runs Ghostscript."""
+    global _formats
+    if _formats is None:
+        from PIL import Image
+
+        Image.init()
+        known = Image.registered_extensions()
+        wanted = {known[f".{e}"] for e in IMAGE_EXTENSIONS if f".{e}" in known} - {"EPS"} | {"MPO"}
+        _formats = tuple(sorted(wanted & set(Image.OPEN)))  # MPO opens through JPEG's factory where not its own
+    return _formats
+
+
 def decode_image(data: memoryview, bound: int = DEFAULT_MAX_MEMBER_BYTES) -> Any:
     """A lazy PIL image, refused when its pixels (at 4 bytes each) would pass the bound once loaded."""
     from PIL import Image
 
     limit_pillow(bound)
     try:
-        image = Image.open(io.BytesIO(data))
+        image = Image.open(io.BytesIO(data), formats=image_formats())
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         m = _PILLOW_PIXELS.search(str(exc))
         pixels = f"{m.group(1)} pixels ({about(int(m.group(1)) * IMAGE_BYTES_PER_PIXEL)} at 4 bytes a pixel)" \

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import SettingError
-from ...formats.images import decode_image
+from ...formats.images import decode_image, image_formats
 from ...formats.transforms import random_box
 from ..layout.sample import FieldSelection
 from ..layout.spec import Field, Spec, next_pow2
@@ -154,7 +154,7 @@ def crop_resize(image: torch.Tensor, box: tuple[int, int, int, int], size: tuple
 def _pillow_chw(data: np.ndarray) -> torch.Tensor:
     from PIL import Image
 
-    with Image.open(io.BytesIO(data.tobytes())) as img:
+    with Image.open(io.BytesIO(data.tobytes()), formats=image_formats()) as img:
         rgb = np.array(img.convert("RGB"))  # writable: torch takes it as it is
     return torch.from_numpy(rgb).permute(2, 0, 1)
 
