@@ -180,3 +180,27 @@ def test_an_image_member_holding_postscript_is_not_opened_by_ghostscripts_plugin
         got = sorted(int(i) for b in loader for i in b["cls"])
         assert loader.stats().sample_errors_total["corrupt"] == 1
     assert got == [0, 2, 3]
+
+
+def test_a_compressed_shard_holding_a_member_past_the_bound_takes_no_room_in_decompress_dir(tmp_path):
+    import gzip
+    import tarfile
+
+    path = str(tmp_path / "bomb.tar.gz")
+    with gzip.open(path, "wb", compresslevel=9) as z, tarfile.open(fileobj=z, mode="w|") as tar:
+        for i in range(4):  # sample 1's .big is 256 MiB of zeros; the others' 100 bytes
+            big = bytes(256 << 20) if i == 1 else bytes([i]) * 100
+            for ext, data in (("cls", str(i).encode()), ("big", big)):
+                info = tarfile.TarInfo(f"k{i}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    assert os.path.getsize(path) < (2 << 20)
+    out = tmp_path / "plain"
+    with StagingLoader(path, batch_size=2, workers=1, shuffle=False, fields=["cls", "big"],
+                       spec={"cls": "int64", "big": ("uint8", (100,))}, decompress_dir=str(out),
+                       max_member_bytes=1 << 20, max_sample_errors=0.5) as loader:
+        got = sorted(int(i) for b in loader for i in b["cls"])
+        assert loader.stats().sample_errors_total["member_too_large"] == 1
+    assert got == [0, 2, 3]
+    (copy,) = [p for p in out.iterdir() if p.suffix == ".tar"]
+    assert copy.stat().st_size > 256 << 20 and copy.stat().st_blocks * 512 < 4 << 20  # the member is a hole

@@ -44,17 +44,68 @@ class TooLarge(ShardError):
     """A compressed shard that holds more than the room it may take."""
 
 
+class _HoleyTar:
+    """Writes a tar stream, leaving the data of members larger than ``bound`` as holes: every offset stays
+    where the tar put it, so the index and the workers see the member (and skip it, counted, for its size),
+    but a 1 GiB member of zeros in a 5 MB ``.tar.gz`` takes no room (a sparse file, tmpfs included)."""
+
+    def __init__(self, out: IO[bytes], bound: int):
+        self.out, self.bound = out, bound
+        self.head = b""  # the part of a 512-byte header read so far
+        self.copy = 0  # bytes of the current member's data (padded) still to write
+        self.hole = 0  # ... or to leave as a hole
+        self.holes = 0
+
+    def write(self, chunk: bytes) -> None:
+        view, pos = memoryview(chunk), 0
+        while pos < len(view):
+            if self.copy:
+                n = min(self.copy, len(view) - pos)
+                self.out.write(view[pos : pos + n])
+                self.copy -= n
+            elif self.hole:
+                n = min(self.hole, len(view) - pos)
+                self.out.seek(n, os.SEEK_CUR)
+                self.hole -= n
+            else:
+                n = min(512 - len(self.head), len(view) - pos)
+                self.head += bytes(view[pos : pos + n])
+                if len(self.head) == 512:
+                    self._member(self.head)
+                    self.head = b""
+            pos += n
+
+    def _member(self, header: bytes) -> None:
+        self.out.write(header)
+        field = header[124:136]
+        if field[0] & 0x80:  # base-256 (GNU), for sizes past 8 GiB
+            size = int.from_bytes(field[1:], "big")
+        else:
+            digits = field.split(b"\0", 1)[0].strip(b" ")
+            size = int(digits, 8) if digits and all(48 <= c <= 55 for c in digits) else 0
+        padded = (size + 511) // 512 * 512
+        if size > self.bound and header[156:157] in (b"0", b"\0", b"7"):  # a regular file's data
+            self.hole, self.holes = padded, self.holes + 1
+        else:  # headers, pax and long-name records, links: written as they are
+            self.copy = padded
+
+    def close(self) -> None:
+        self.out.truncate(self.out.tell())  # a hole at the end still counts in the file's size
+
+
 def decompress(src: str, dest: str, kind: str, max_bytes: int | None = None,
-               stopped: Callable[[], bool] | None = None) -> int:
+               stopped: Callable[[], bool] | None = None, member_bound: int | None = None) -> int:
     """Write the tar inside ``src`` to ``dest`` (fsynced); its size.
 
     A broken stream is a ``ShardError``, more than ``max_bytes`` a ``TooLarge``; a failure to write
     ``dest`` (a full disk) stays an ``OSError``: that is the destination's fault, not the shard's.
     ``stopped()`` is asked between chunks; when it says so, the copy is abandoned (``InterruptedError``).
+    ``member_bound`` (a tar): members larger than it are written as holes (``_HoleyTar``).
     """
     written = 0
     try:
         with open(src, "rb") as f, _reader(f, kind) as r, open(dest, "wb") as out:
+            sink: IO[bytes] | _HoleyTar = out if member_bound is None else _HoleyTar(out, member_bound)
             while True:
                 try:
                     chunk = r.read(CHUNK)
@@ -67,7 +118,12 @@ def decompress(src: str, dest: str, kind: str, max_bytes: int | None = None,
                     raise TooLarge(src, f"decompresses to more than {max_bytes} bytes, the room it may take")
                 if stopped is not None and stopped():
                     raise InterruptedError(f"decompressing {src} was stopped")
-                out.write(chunk)
+                sink.write(chunk)
+            if isinstance(sink, _HoleyTar):
+                sink.close()
+                if sink.holes:
+                    log.warning("%s: %d member(s) larger than max_member_bytes=%d left out of its plain copy (they "
+                                "are skipped and counted when read)", src, sink.holes, member_bound)
             out.flush()
             os.fsync(out.fileno())
             return written
@@ -87,14 +143,18 @@ class Inflator:
     index, so concurrent ranks or a crash never leave a half-written copy under a used name.
     """
 
-    def __init__(self, directory: str, threads: int = 0):
+    def __init__(self, directory: str, threads: int = 0, member_bound: int | None = None):
         self.directory = directory
+        self.member_bound = member_bound  # tar members past it (skipped when read) are not written out
         self.threads = threads or min(8, os.cpu_count() or 1)
         self._failed: set[str] = set()  # copies whose source would not decompress, by source identity
 
     def target(self, src: str) -> str:
         st = os.stat(src)
-        digest = hashlib.sha1(f"{os.path.abspath(src)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+        # the bound too: a copy whose members past it are holes is no copy for a larger bound
+        key = f"{os.path.abspath(src)}:{st.st_size}:{st.st_mtime_ns}" + (f":{self.member_bound}" if self.member_bound
+                                                                          else "")
+        digest = hashlib.sha1(key.encode()).hexdigest()[:12]
         if plain_suffix(src) == ".tfrecord":  # its records' keys carry its name: the copy keeps it, in a folder
             return os.path.join(self.directory, digest, f"{shard_stem(src)}.tfrecord")
         return os.path.join(self.directory, f"{shard_stem(src)}-{digest}.tar")
@@ -128,7 +188,8 @@ class Inflator:
         tmp = f"{dest}{TMP_MARK}{os.getpid()}"
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         try:
-            decompress(src, tmp, compression(src) or "")
+            tar = plain_suffix(src) == ".tar"
+            decompress(src, tmp, compression(src) or "", member_bound=self.member_bound if tar else None)
             index = build_index(tmp, fmt=src)
             write_index(index, index_path(dest))
             os.replace(tmp, dest)

@@ -58,12 +58,12 @@ from .workers.worker import WorkerCode, WorkerSetup
 log = logging.getLogger("feedline.loader")
 
 
-def _one_source(source: Source, decompress_dir: str | None) -> ShardSource:
+def _one_source(source: Source, decompress_dir: str | None, member_bound: int | None = None) -> ShardSource:
     """A mixture's source as the loader reads one: its errors name the source."""
     try:
         if source.cache is not None:
             return CacheSource(source.cache)
-        return PathSource(source.shards, decompress_dir)  # type: ignore[arg-type]
+        return PathSource(source.shards, decompress_dir, member_bound)  # type: ignore[arg-type]
     except SettingError as exc:
         raise SettingError("sources", f"source {source.name!r}: {exc}") from None
 
@@ -147,11 +147,13 @@ class StagingLoader:
         if sources is not None:
             self.mixture = check_sources(sources)
             self.source: ShardSource = MixedSource([m.name for m in self.mixture],
-                                                   [_one_source(m, s.decompress_dir) for m in self.mixture])
+                                                   [_one_source(m, s.decompress_dir, s.max_member_bytes)
+                                                    for m in self.mixture])
         else:
             self.source = (
                 CacheSource(cache) if cache is not None
-                else shards if hasattr(shards, "snapshot") else PathSource(shards, s.decompress_dir)  # type: ignore
+                else shards if hasattr(shards, "snapshot")
+                else PathSource(shards, s.decompress_dir, s.max_member_bytes)  # type: ignore
             )
         self.rank = s.rank or Rank.detect()
         self.transform = transform

@@ -54,8 +54,9 @@ class PathSource:
 
     growing = False
 
-    def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike], decompress_dir: str | None = None):
-        self.inflator = Inflator(decompress_dir or default_decompress_dir())
+    def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike], decompress_dir: str | None = None,
+                 member_bound: int | None = None):
+        self.inflator = Inflator(decompress_dir or default_decompress_dir(), member_bound=member_bound)
         try:
             self.names = expand(shards)
         except ValueError as exc:
