@@ -204,3 +204,12 @@ def test_a_compressed_shard_holding_a_member_past_the_bound_takes_no_room_in_dec
     assert got == [0, 2, 3]
     (copy,) = [p for p in out.iterdir() if p.suffix == ".tar"]
     assert copy.stat().st_size > 256 << 20 and copy.stat().st_blocks * 512 < 4 << 20  # the member is a hole
+
+
+def test_a_local_index_of_the_users_own_names_the_hosts_the_credential_goes_to(tmp_path):
+    from feedline.sampler.http import auth_origins
+
+    index = tmp_path / "index.txt"
+    index.write_text("https://store.example:8443/a.tar\nhttp://other.example/b.tar\n")
+    assert auth_origins(str(index)) == {("https", "store.example", 8443), ("http", "other.example", 80)}
+    assert auth_origins("https://Store.example/x-{0..3}.tar") == {("https", "store.example", 443)}

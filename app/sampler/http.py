@@ -27,7 +27,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from ..formats.urls import expand
+from ..formats.urls import expand, is_index, is_remote, parse_index
 from .errors import FetchAborted, FetchError
 from .ratelimit import RateLimiter
 from .sources import SourceShard
@@ -301,9 +301,17 @@ def origin(u: urllib.parse.SplitResult) -> tuple[str, str, int]:
 
 
 def auth_origins(source: str) -> frozenset[tuple[str, str, int]]:
-    """The origins of the HTTP(S) URLs the source setting names: where its auth header may go."""
-    return frozenset(origin(urllib.parse.urlsplit(n)) for n in expand(source.strip())
-                     if n.startswith(("http://", "https://")))
+    """Where the source's auth header may go: the origins of the HTTP(S) URLs the source setting names, and of
+    those a local index file it names lists (the user's own file, as trusted as the setting; a remote index is
+    not)."""
+    urls = []
+    for name in expand(source.strip()):
+        if name.startswith(("http://", "https://")):
+            urls.append(name)
+        elif not is_remote(name) and is_index(name) and os.path.isfile(name):
+            with open(name) as f:
+                urls += [e.url for e in parse_index(f.read(), os.path.abspath(name))]
+    return frozenset(origin(urllib.parse.urlsplit(u)) for u in urls if u.startswith(("http://", "https://")))
 
 
 def auth_headers(header: str, header_file: str) -> Callable[[], dict[str, str]]:
