@@ -37,12 +37,12 @@ def _array_payload(a: np.ndarray) -> bytes:
 
 
 def _default(value: Any) -> Any:
-    if isinstance(value, msgpack.ExtType):  # a member's own extension (formats/member_ext.py): wrapped
-        return msgpack.ExtType(_MEMBER, _MAGIC + pack([value.code, value.data]))  # whole, never read as ours
     if isinstance(value, np.ndarray):
         return msgpack.ExtType(_ARRAY, _array_payload(value))
     if isinstance(value, np.generic):
         return msgpack.ExtType(_SCALAR, _array_payload(np.asarray(value)))
+    if isinstance(value, msgpack.ExtType):  # before tuple (it is one): a member's own extension, wrapped
+        return msgpack.ExtType(_MEMBER, _MAGIC + pack([value.code, value.data]))  # whole, never read as ours
     if isinstance(value, tuple):  # torch.Size and named tuples arrive as plain tuples
         return msgpack.ExtType(_TUPLE, _MAGIC + pack(list(value)))
     if isinstance(value, (set, frozenset)):
