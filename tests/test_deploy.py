@@ -13,6 +13,7 @@ from feedline.loader.plan.rank import Rank
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K8S = os.path.join(ROOT, "deploy", "k8s")
+SECRET_EXAMPLE = os.path.join(ROOT, "deploy", "secrets", "store-secret.yaml")  # not read by `apply -f deploy/k8s/`
 
 
 def load_all(path):
@@ -27,9 +28,9 @@ def compose():
 
 # -- compose ----------------------------------------------------------------------------------------------
 
-def resolved(*args, env_file=".env.example"):
+def resolved(*args, env_file=".env.example", env=None):
     """What docker-compose (Debian's, offline) makes of compose.yaml: the services as they would run."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDLINE_", "AWS_"))}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDLINE_", "AWS_"))} | (env or {})
     files = ["--env-file", env_file] if env_file else []
     with tempfile.TemporaryDirectory() as empty:  # no .env next to the project: only what is given
         shutil.copy(os.path.join(ROOT, "compose.yaml"), empty)
@@ -119,10 +120,10 @@ def test_env_example_sets_every_knob_compose_reads():
     assert used <= given, used - given
 
 
-# -- Kubernetes -------------------------------------------------------------------------------------------
+# -- compose: the security defaults (docs/deployment.md, "Security defaults") -----------------------------
 
 def test_kubernetes_validate_strict_accepts_every_manifest():
-    files = sorted(os.path.join(K8S, f) for f in os.listdir(K8S) if f.endswith(".yaml"))
+    files = sorted(os.path.join(K8S, f) for f in os.listdir(K8S) if f.endswith(".yaml")) + [SECRET_EXAMPLE]
     out = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", *files], capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -234,7 +235,7 @@ def test_the_s3_variant_takes_credentials_from_a_secret_and_the_endpoint_from_en
     sampler = job["spec"]["template"]["spec"]["initContainers"][0]
     env = {e["name"]: e.get("value") for e in sampler["env"]}
     assert env["FEEDLINE_SOURCE"].startswith("s3://") and env["AWS_ENDPOINT_URL"].startswith("https://")
-    (secret,) = load_all(os.path.join(K8S, "store-secret.yaml"))
+    (secret,) = load_all(SECRET_EXAMPLE)
     assert sampler["envFrom"][0]["secretRef"]["name"] == secret["metadata"]["name"]
     assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(secret["stringData"])
     with open(os.path.join(ROOT, ".env.example")) as f:
@@ -252,7 +253,7 @@ def test_a_local_rank_scope_splits_by_local_rank(monkeypatch):
     assert Rank.detect(local=True) == Rank(1, 4)
 
 
-# -- the Dockerfile ---------------------------------------------------------------------------------------
+# -- Kubernetes: the security defaults ----------------------------------------------------------------------
 
 def _stages():
     with open(os.path.join(ROOT, "Dockerfile")) as f:

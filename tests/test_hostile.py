@@ -207,9 +207,39 @@ def test_a_compressed_shard_holding_a_member_past_the_bound_takes_no_room_in_dec
 
 
 def test_a_local_index_of_the_users_own_names_the_hosts_the_credential_goes_to(tmp_path):
-    from feedline.sampler.http import auth_origins
+    from feedline.sampler.auth import auth_origins
 
     index = tmp_path / "index.txt"
     index.write_text("https://store.example:8443/a.tar\nhttp://other.example/b.tar\n")
     assert auth_origins(str(index)) == {("https", "store.example", 8443), ("http", "other.example", 80)}
     assert auth_origins("https://Store.example/x-{0..3}.tar") == {("https", "store.example", 443)}
+
+
+def test_a_key_with_control_characters_is_one_escaped_line_of_the_key_trace(tmp_path):
+    from feedline.trainer.keytrace import KeyTrace
+
+    keys = ["k0", "k1\nk9-forged", "k2\r\x1b[2Jhidden", "k3\\x0a", "k4\u2028z"]
+    path = write_tar(str(tmp_path / "keys.tar"), [(k, {"cls": str(i).encode()}) for i, k in enumerate(keys)])
+    trace = str(tmp_path / "keys-{epoch}.txt")
+    with StagingLoader(path, batch_size=5, workers=1, shuffle=False, fields=["cls"]) as loader, \
+            KeyTrace(trace) as keytrace:
+        for batch in loader:
+            keytrace.write(0, batch["__key__"])
+    lines = open(tmp_path / "keys-0.txt").read().splitlines()
+    assert lines == ["k0", "k1\\x0ak9-forged", "k2\\x0d\\x1b[2Jhidden", "k3\\\\x0a", "k4\\u2028z"]
+
+
+def test_a_shard_of_more_samples_than_an_index_may_hold_is_refused_when_published(tmp_path, monkeypatch):
+    import shutil
+
+    import feedline.formats.shard_index as shard_index
+    from feedline.formats.sample_index import ShardError
+
+    monkeypatch.setattr(shard_index, "MAX_SAMPLES", 100)  # 1,048,576 in earnest: a 512 MB tar of empty members
+    path = write_tar(str(tmp_path / "many.tar"), [(f"k{i:04d}", {"cls": b""}) for i in range(102)])
+    store = CacheStore(str(tmp_path / "cache"), 16 << 20)
+    partial = store.partial_path("many")
+    shutil.copyfile(path, partial)
+    with pytest.raises(ShardError, match="holds more than .* samples, past what one shard's index may hold"):
+        store.publish("many", partial)
+    assert store.entries == []

@@ -303,8 +303,9 @@ def test_the_loader_reports_its_epoch_for_the_sampler(remote, cache, samplers, d
         for _ in range(2):
             for _ in loader:
                 pass
-    state = json.loads(open(os.path.join(cache, "readers", "0.json")).read())
+        state = json.loads(open(os.path.join(cache, "readers", "0.json")).read())
     assert state["epoch"] == 1 and state["rank"] == 0 and state["generation"] >= 1
+    assert os.listdir(os.path.join(cache, "readers")) == []  # read to its end and closed: the lease ended
 
 
 # -- crashes and stops ---------------------------------------------------------------------------------

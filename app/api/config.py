@@ -18,6 +18,7 @@ from ..loader.plan.rank import Rank
 from ..loader.settings import MIN_WORKER_MEMORY, LoaderSettings
 from ..cache.mix import wait_for_layout
 from .mixing import MixError, check_parts, parse_mix
+from ..sampler.http import MAX_INDEX_BYTES
 from ..sampler.settings import DEFAULT_CACHE, SidecarSettings
 
 ENV_PREFIX = "FEEDLINE_"
@@ -72,9 +73,11 @@ def parse_auto_int(text: str | int, minimum: int, maximum: int) -> int | str:
 
 def setting(default: Any, help: str, groups: str, *, parse: Callable[[Any], Any] | None = None,
             minimum: float | None = None, maximum: float | None = None,
-            choices: Sequence[str] | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "parse": parse, "min": minimum, "max": maximum,
-                                            "choices": choices, "groups": tuple(groups.split())})
+            choices: Sequence[str] | None = None, secret: bool = False) -> Any:
+    """A field of ``Config``; a ``secret`` one (a credential) is left out of its repr."""
+    return field(default=default, repr=not secret,
+                 metadata={"help": help, "parse": parse, "min": minimum, "max": maximum, "choices": choices,
+                           "groups": tuple(groups.split())})
 
 
 @dataclass
@@ -162,9 +165,15 @@ class Config:
     fetch_min_mbps: float = setting(0.01, "a download slower than this (MB/s) over fetch_timeout seconds is "
                                           "abandoned and retried (0: no floor)", "sampler", minimum=0)
     auth_header: str = setting("", "a header for private stores, 'Name: value' (or a bare token, sent as a bearer "
-                                   "token)", "sampler")
+                                   "token)", "sampler", secret=True)
     auth_header_file: str = setting("", "a file holding that header or token, read at each request (a mounted "
                                         "Secret)", "sampler")
+    auth_extra_hosts: str = setting("", "origins besides the source's own that the auth header may go to, "
+                                        "comma-separated (https://cdn.example.com, http://host:8080; a bare host "
+                                        "means https)", "sampler")
+    max_index_bytes: int = setting(MAX_INDEX_BYTES, "the largest remote index file the sampler reads (an index "
+                                                    "of a million shards with sha256 and size is ~150 MB)",
+                                   "sampler", parse=parse_size, minimum=1)
     partition_index: int = setting(0, "which part of the source this node samples (multi-node)", "sampler",
                                    minimum=0)
     partition_count: int = setting(1, "how many parts the source is split into (one per node)", "sampler",
@@ -351,7 +360,8 @@ class Config:
             refresh_per_minute=self.refresh_per_minute, fetch_threads=self.fetch_threads, max_mbps=self.max_mbps,
             fetch_timeout=self.fetch_timeout, fetch_min_mbps=self.fetch_min_mbps, retries=self.retries,
             retry_max_seconds=self.retry_max_seconds, auth_header=self.auth_header,
-            auth_header_file=self.auth_header_file, partition_index=self.partition_index,
+            auth_header_file=self.auth_header_file, auth_extra_hosts=self.auth_extra_hosts,
+            max_index_bytes=self.max_index_bytes, partition_index=self.partition_index,
             partition_count=self.partition_count, seed=self.seed, min_shards=self.min_shards,
             reader_lease=self.reader_lease)
 
@@ -365,5 +375,11 @@ class Config:
         return port + local_rank if port else port
 
 
-# Variables with the prefix that are not settings of this object (read elsewhere).
-KNOWN_OTHER_ENV = frozenset({"FEEDLINE_DATA", "FEEDLINE_DEMO_SAMPLES"})
+COMPOSE_ENV = frozenset({
+    "FEEDLINE_BASE_IMAGE", "FEEDLINE_BIND", "FEEDLINE_GPUS", "FEEDLINE_GRAFANA_PASSWORD", "FEEDLINE_GRAFANA_PORT",
+    "FEEDLINE_IMAGE", "FEEDLINE_PROMETHEUS_IMAGE", "FEEDLINE_PROMETHEUS_PORT", "FEEDLINE_SAMPLER_MEMORY",
+    "FEEDLINE_SAMPLER_PORT", "FEEDLINE_SHM_SIZE", "FEEDLINE_TRAINER_PORT", "FEEDLINE_WORKSPACE"})
+# Variables with the prefix that are not settings of this object (read elsewhere): the demo's, and compose's own
+# (.env.example), which a shell that ran `docker compose` may still export when it runs `feedline`.
+KNOWN_OTHER_ENV = frozenset({"FEEDLINE_DATA", "FEEDLINE_DEMO_SAMPLES"}) | COMPOSE_ENV
+

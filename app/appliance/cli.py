@@ -30,6 +30,7 @@ from rich.progress import (
 from .. import __version__
 from ..api.config import Config, ConfigError, parse_size
 from ..errors import SettingError
+from ..formats.urls import RedactingFormatter, redact_text
 from ..metrics.exporter import MetricsPortError
 from .stopping import StopSignal, Stopped
 
@@ -46,11 +47,13 @@ def _setup_logging(level: str) -> None:
     """
     if sys.stderr.isatty():
         handler: logging.Handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
-        logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]", handlers=[handler])
+        handler.setFormatter(RedactingFormatter("%(message)s", datefmt="[%X]"))
     else:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)-8s %(message)s", datefmt="%H:%M:%S"))
-        logging.basicConfig(level=level, handlers=[handler])
+        handler.setFormatter(RedactingFormatter("[%(asctime)s] %(levelname)-8s %(message)s", datefmt="%H:%M:%S"))
+    logging.basicConfig(level=level, handlers=[handler])
+    for name in ("botocore", "boto3", "s3transfer", "urllib3"):  # at DEBUG botocore logs signed headers, a token
+        logging.getLogger(name).setLevel(max(logging.INFO, logging.getLevelName(level)))
 
 
 # -- train --------------------------------------------------------------------------------------
@@ -370,7 +373,7 @@ def _refuse(message: str) -> None:
     """The one line every refused setting becomes (exit code 2, no traceback)."""
     from rich.markup import escape
 
-    console.print(f"[red]configuration error:[/red] {escape(message)}", soft_wrap=True)
+    console.print(f"[red]configuration error:[/red] {escape(redact_text(message))}", soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:

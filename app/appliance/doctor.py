@@ -34,10 +34,11 @@ def run(cfg: Config, console: Console) -> int:
     side = cfg.side_bytes or KEY_ONLY_SIDE_BYTES  # the demo batch: image, label, and the key beside them
     ring = slots * cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 8 + side)
     checks = [
-        # downloads in flight: a shard each, taken as a 16th of the budget (a cache holds many shards);
-        # grow: the replaced shards a running epoch still holds open
+        # downloads in flight: a shard each, taken as a 16th of the budget (a cache holds many shards); and the
+        # retain room (the sidecar's retain_room: evicted shards kept for readers' leases, at least two shards)
         check_shm(cache, cfg.budget, extra=cfg.fetch_threads * (cfg.budget // 16)
-                  + (int(cfg.budget * cfg.replace_fraction) if cfg.policy == "grow" else 0)),
+                  + (max(int(cfg.budget * cfg.replace_fraction), 2 * (cfg.budget // 16)) if cfg.reader_lease > 0
+                     else 0)),
         check_memory_for(f"the sampler's cache ({fmt_bytes(cfg.budget)} of tmpfs pages)", cfg.budget),
         check_memory_for(f"the trainer's batch ring ({slots} slots of {cfg.batch_size} demo samples)", ring),
         check_gpu(),

@@ -8,17 +8,38 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..formats.files import atomic_write
-from ..formats.urls import is_parquet, is_tfrecord
+from ..formats.urls import is_parquet, is_tfrecord, redact
 
 MANIFEST = "manifest.json"
 SHARDS_DIR = "shards"
 # A cached shard's file: ``shards/<id><suffix>``, by its format; published plain (a ``.tar.gz`` as its tar,
 # a ``.tfrecord.gz`` as its records), so workers map it as they map a local file of that format.
 SUFFIXES = {"tar": ".tar", "tfrecord": ".tfrecord", "parquet": ".parquet"}
+# A shard's cache id, as the sampler makes them (formats.urls.shard_stem, and "-<8 hex>" where stems repeat): a
+# file name of letters, digits and ``._-``, never hidden, ``.`` nor ``..``, never a path.
+ID_MAX = 200
+_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,%d}" % (ID_MAX - 1))
+
+
+def is_cache_id(shard_id: object) -> bool:
+    """Whether ``shard_id`` is a cache id the sampler makes (``check_id``)."""
+    return isinstance(shard_id, str) and _ID.fullmatch(shard_id) is not None
+
+
+def check_id(shard_id: object) -> str:
+    """``shard_id`` if it is a cache id the sampler makes; else a ValueError naming it. A manifest may be written
+    by someone else (a shared cache): its ids become paths only once they pass."""
+    if not is_cache_id(shard_id):
+        shown = repr(shard_id)[:ID_MAX + 20]
+        raise ValueError(f"shard id {shown} is not a cache id (letters, digits and ._- only, not starting "
+                         f"with a dot, at most {ID_MAX} characters): this manifest was not written by feedline's "
+                         f"sampler; remove the cache directory's manifest.json, or use a cache directory of your own")
+    return shard_id
 
 
 def shard_format(name: str) -> str:
@@ -45,6 +66,11 @@ class ShardEntry:
     source: str = ""
     sha256: str = ""
     format: str = "tar"  # a key of SUFFIXES; manifests written before TFRecord and Parquet were cached lack it
+
+    def __post_init__(self) -> None:
+        # where it came from, as a person recognises it: a presigned URL's query values and any userinfo never
+        # reach manifest.json (nor its readers), whoever built the entry (formats.urls.redact)
+        object.__setattr__(self, "source", redact(self.source))
 
 
 @dataclass
@@ -73,16 +99,23 @@ class Manifest:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> "Manifest":
+        """The manifest a document holds; a ValueError for one feedline's sampler would not write: an
+        unknown format, or an id that is not a cache id (``check_id``: ``../x``, ``/abs``, a NUL), in ``shards``
+        or ``retained`` — checked before any of them becomes a path."""
         known = set(ShardEntry.__dataclass_fields__)
         for s in doc["shards"]:
+            check_id(s.get("id"))
             if s.get("format", "tar") not in SUFFIXES:
                 raise ValueError(f"shard {s.get('id')!r} has an unknown format {s.get('format')!r}")
+        retained = doc.get("retained", [])
+        if not isinstance(retained, list):
+            raise ValueError("retained is not a list of shard ids")
         return cls(
             generation=int(doc["generation"]),
             budget_bytes=int(doc.get("budget_bytes", 0)),
             shards=[ShardEntry(**{k: v for k, v in s.items() if k in known}) for s in doc["shards"]],
             complete=bool(doc.get("complete", False)),
-            retained=[str(i) for i in doc.get("retained", [])],
+            retained=[check_id(i) for i in retained],
         )
 
 

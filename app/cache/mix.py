@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 
 from ..formats.files import atomic_write
 
 MIX_FILE = "mix.json"
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")  # a source's name in a mixture (mix_items.py), a folder of the cache
 FORMAT = "feedline.mix/1"
 
 
@@ -42,7 +44,13 @@ def read_mix(cache_dir: str) -> list[MixPart] | None:
         return None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{os.path.join(cache_dir, MIX_FILE)} is not a {FORMAT} file")
-    return [MixPart(str(s["name"]), float(s["weight"])) for s in doc["sources"]]
+    parts = [MixPart(str(s["name"]), float(s["weight"])) for s in doc["sources"]]
+    for p in parts:  # a name becomes a folder: one under the cache, never a path out of it
+        if not _NAME.fullmatch(p.name) or p.name in (".", ".."):
+            raise ValueError(f"{os.path.join(cache_dir, MIX_FILE)} names a source {p.name!r}, which is no folder "
+                             f"name of a mixed cache (letters, digits and ._- only): it was not written by feedline's "
+                             f"sampler; remove it, or use a cache directory of your own")
+    return parts
 
 
 def part_dir(cache_dir: str, name: str) -> str:

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from ..formats.files import atomic_write
+from .ownership import check_folder
 
 log = logging.getLogger("feedline.cache")
 
@@ -52,7 +53,7 @@ def _path(cache_dir: str, rank: int, ext: str) -> str:
 def write_reader(cache_dir: str, rank: int, epoch: int, generation: int, shard_ids: Iterable[str]) -> None:
     ids = sorted(set(shard_ids))
     d = os.path.join(cache_dir, READERS_DIR)
-    os.makedirs(d, exist_ok=True)
+    check_folder(d, create=True)  # this user's folder, never a link another user planted (ownership.py)
     state = ReaderState(rank, epoch, generation, len(ids), os.getpid(), time.time())
     try:  # the lease's list before the epoch: a sampler that sees the new epoch sees its shards
         atomic_write(_path(cache_dir, rank, "shards"), "".join(f"{i}\n" for i in ids), durable=False)
@@ -67,6 +68,35 @@ def touch_reader(cache_dir: str, rank: int) -> None:
         os.utime(_path(cache_dir, rank, "json"))
     except OSError:
         pass  # removed (a cache wiped by hand): the next epoch start writes it again
+
+
+def remove_reader(cache_dir: str, rank: int) -> None:
+    """The rank's lease ends now: its files go (the epoch file first, so no sampler sees an epoch without its
+    list). Only this process's own files: a rank of another job on the same cache that wrote since is left."""
+    path = _path(cache_dir, rank, "json")
+    try:
+        with open(path) as f:
+            if json.load(f).get("pid") != os.getpid():
+                return
+        os.unlink(path)
+        os.unlink(_path(cache_dir, rank, "shards"))
+    except (OSError, ValueError, AttributeError):
+        pass  # gone already, or torn: it goes stale
+
+
+def remove_stale(cache_dir: str, lease: float, now: float | None = None) -> list[int]:
+    """Remove the files of readers not touched for ``lease`` seconds (a killed trainer's); their ranks."""
+    now = time.time() if now is None else now
+    gone = []
+    for r in read_readers(cache_dir):
+        if now - r.seen_at > lease:
+            for ext in ("json", "shards"):
+                try:
+                    os.unlink(_path(cache_dir, r.rank, ext))
+                except FileNotFoundError:
+                    pass
+            gone.append(r.rank)
+    return gone
 
 
 def read_readers(cache_dir: str) -> list[ReaderState]:

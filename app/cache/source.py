@@ -9,7 +9,8 @@ import time
 from collections.abc import Sequence
 
 from .manifest import SHARDS_DIR, Manifest, read_manifest, shard_path, split_name
-from .readers import TOUCH_EVERY, touch_reader, write_reader
+from .ownership import CacheDirError, check_cache_dir
+from .readers import READERS_DIR, TOUCH_EVERY, remove_reader, touch_reader, write_reader
 
 log = logging.getLogger("feedline.cache")
 
@@ -35,6 +36,10 @@ class CacheSource:
         self._touched = 0.0  # when this process last renewed its reader lease (monotonic)
 
     def manifest(self) -> Manifest | None:
+        """The published manifest; None before the sampler made the cache. A cache that is not this user's
+        (``ownership.py``) is a ``CacheDirError``: its shards are never read, nor its ``readers/`` written."""
+        if not check_cache_dir(self.cache_dir, (SHARDS_DIR, READERS_DIR)):
+            return None
         try:
             return read_manifest(self.cache_dir)
         except FileNotFoundError:
@@ -71,15 +76,24 @@ class CacheSource:
             touch_reader(self.cache_dir, rank)
             self._touched = time.monotonic()
 
+    def released(self, rank: int) -> None:
+        """The loader closed with its epoch read to its end: its reader files go, so the sampler keeps nothing
+        for it. (A loader closed mid-epoch — a preemption that saved a checkpoint — keeps its lease until it goes
+        stale: the resumed epoch finds its shards.)"""
+        remove_reader(self.cache_dir, rank)
+
     def wait_for(self, min_shards: int, timeout: float) -> list[str]:
         """The snapshot once it holds ``min_shards``, or the whole source when that is fewer; a clear error after
         ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
+        why = ""
         while True:
             try:
                 shards = self.snapshot()
-            except ValueError:  # a corrupt manifest: the sampler rebuilds it
-                shards = []
+            except CacheDirError:
+                raise
+            except ValueError as exc:  # a corrupt manifest: the sampler rebuilds it (said if it never does)
+                shards, why = [], f" (its manifest: {exc})"
             if len(shards) >= min_shards:
                 return shards
             if shards and self.complete:
@@ -88,7 +102,7 @@ class CacheSource:
                 return shards
             if time.monotonic() >= deadline:
                 raise CacheWaitTimeout(
-                    f"cache {self.cache_dir} holds {len(shards)} shard(s) after {timeout:.0f} s, fewer than "
+                    f"cache {self.cache_dir} holds {len(shards)} shard(s){why} after {timeout:.0f} s, fewer than "
                     f"min_shards={min_shards}: is `feedline sample` running and filling it (its /readyz says "
                     f"when)? Raise wait_timeout (FEEDLINE_WAIT_TIMEOUT) or lower min_shards (FEEDLINE_MIN_SHARDS)"
                 )

@@ -17,28 +17,34 @@ import glob
 import logging
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..formats.files import fsync_dir, sweep_temporaries
-from ..formats.shard_index import ShardError, build_index, index_path, write_index
+from ..formats.files import FILE_MODE, fsync_dir, sweep_temporaries
+from ..formats.shard_index import ShardError, ShardIndex, build_index, index_path, write_index
 from .manifest import (
     SHARDS_DIR,
     SUFFIXES,
     Manifest,
     ShardEntry,
+    is_cache_id,
     read_manifest,
     shard_path,
     split_name,
     write_manifest,
 )
+from .ownership import CacheDirError, claim_cache_dir
 from .readers import READERS_DIR
 
 log = logging.getLogger("feedline.cache")
 
 PARTIAL_DIR = ".partial"
+RETAIN_POLL = 0.2  # seconds between looks for room, while a publish waits for a lease to end
+CACHE_FOLDERS = (SHARDS_DIR, os.path.join(SHARDS_DIR, PARTIAL_DIR), READERS_DIR)  # parents first
+__all__ = ["BudgetError", "CacheDirError", "CacheStore", "Recovery"]
 
 
 class BudgetError(ValueError):
@@ -59,17 +65,24 @@ class Recovery:
     notes: list[str] = field(default_factory=list)
 
 
-class CacheDirError(ValueError):
-    """The cache directory cannot be this store's: the message names the path and what to do."""
+def _regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 class CacheStore:
     """The cache directory's one writer: keeps the DESIGN.md invariants under one lock."""
 
     def __init__(self, root: str, budget_bytes: int, on_evict: Callable[[ShardEntry], None] | None = None,
-                 source_ids: frozenset[str] | None = None, leased: Callable[[], set[str]] | None = None):
+                 source_ids: frozenset[str] | None = None, leased: Callable[[], set[str]] | None = None,
+                 retain_bytes: int | None = None):
         self.root = os.path.abspath(root)
         self.budget_bytes = budget_bytes
+        # the room for evicted shards kept for readers' leases, beyond the budget (None: unbounded); a publish
+        # that would retain more waits for a lease to end, so the shards on disk stay within budget + this
+        self.retain_bytes = retain_bytes
         self.source_ids = source_ids  # every shard of the source: when all are published, the manifest says so
         self.shards_dir = os.path.join(self.root, SHARDS_DIR)
         self.partial_dir = os.path.join(self.shards_dir, PARTIAL_DIR)
@@ -78,13 +91,8 @@ class CacheStore:
         self._on_evict = on_evict
         self._leased = leased  # ids the readers' epochs read: evicted from the manifest, kept on disk
         self._retained: dict[str, int] = {}  # id -> bytes of the files kept so
-        os.makedirs(self.partial_dir, exist_ok=True)
-        os.makedirs(os.path.join(self.root, READERS_DIR), exist_ok=True)
-        for d in (self.shards_dir, self.partial_dir, os.path.join(self.root, READERS_DIR)):
-            if os.path.islink(d):  # what this store writes and cleans must be its own, not a folder linked in
-                raise CacheDirError(f"{d} is a symbolic link (to {os.readlink(d)}): the cache writes and removes "
-                                    f"files there, so it must be a folder of its own; remove the link, or use "
-                                    f"another cache directory")
+        # what this store writes and cleans must be its own: folders of this user's, never links (ownership.py)
+        claim_cache_dir(self.root, CACHE_FOLDERS)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -188,28 +196,35 @@ class CacheStore:
             self._evict_locked(victims)
             return victims
 
-    def publish(self, shard_id: str, partial: str, source: str = "", sha256: str = "", fmt: str = "tar") -> ShardEntry:
-        """Verify a downloaded file (a plain tar, TFRecord or Parquet file, ``fmt``), make room, and publish it;
-        raises ShardError or BudgetError."""
-        size = os.path.getsize(partial)
-        if size > self.budget_bytes:
-            raise BudgetError(f"shard {shard_id} is {size} bytes, larger than the whole budget "
-                              f"({self.budget_bytes} bytes): raise --budget / FEEDLINE_BUDGET")
-        final = shard_path(self.root, shard_id, fmt)
-        index = build_index(partial, fmt=final)  # a whole file of its format (keys named by the id), or ShardError
-        with open(partial, "rb") as f:
-            os.fsync(f.fileno())
+    def _victims(self, size: int) -> list[ShardEntry] | None:
+        """The oldest shards whose eviction makes room for ``size`` bytes; None while that would retain more than
+        ``retain_bytes`` for readers' leases (one shard is always retained when nothing is: progress)."""
+        by_age = sorted(self._manifest.shards, key=lambda s: s.added_at)
+        victims: list[ShardEntry] = []
+        total = self._manifest.total_bytes
+        while total + size > self.budget_bytes and by_age:
+            v = by_age.pop(0)
+            victims.append(v)
+            total -= v.bytes
+        if self.retain_bytes is None or self._leased is None or not victims:
+            return victims
+        leased = self._leased()
+        kept = sum(v.bytes for v in victims if v.id in leased)
+        retained = sum(self._retained.values())
+        if kept and retained + kept > self.retain_bytes and retained > 0:
+            return None
+        return victims
+
+    def _publish_now(self, shard_id: str, partial: str, size: int, index: ShardIndex, final: str, source: str,
+                     sha256: str, fmt: str) -> ShardEntry | None:
+        """Make room and publish, under the lock; None when the room would retain too much (``_victims``)."""
         with self._lock:
             if any(s.id == shard_id for s in self._manifest.shards):
                 os.unlink(partial)
                 return next(s for s in self._manifest.shards if s.id == shard_id)
-            by_age = sorted(self._manifest.shards, key=lambda s: s.added_at)
-            victims = []
-            total = self._manifest.total_bytes
-            while total + size > self.budget_bytes and by_age:
-                v = by_age.pop(0)
-                victims.append(v)
-                total -= v.bytes
+            victims = self._victims(size)
+            if victims is None:
+                return None
             self._evict_locked(victims)
             self._retained.pop(shard_id, None)  # fetched again: published (the same bytes) in its place
             self._unlink(shard_id, keep=fmt)  # a retained file of the id in another format: gone, not untracked
@@ -218,6 +233,39 @@ class CacheStore:
             fsync_dir(self.shards_dir)
             entry = ShardEntry(shard_id, size, len(index.samples), time.time(), source, sha256, fmt)
             self._write(self._manifest.shards + [entry])
+            return entry
+
+    def publish(self, shard_id: str, partial: str, source: str = "", sha256: str = "", fmt: str = "tar",
+                stopped: Callable[[], bool] | None = None) -> ShardEntry:
+        """Verify a downloaded file (a plain tar, TFRecord or Parquet file, ``fmt``), make room, and publish it;
+        raises ShardError or BudgetError.
+
+        Room made by evicting shards a reader's lease names is room kept on disk: past ``retain_bytes`` of those,
+        the publish waits for a lease to end (``release()``); ``stopped()`` ends the wait (``InterruptedError``).
+        """
+        size = os.path.getsize(partial)
+        if size > self.budget_bytes:
+            raise BudgetError(f"shard {shard_id} is {size} bytes, larger than the whole budget "
+                              f"({self.budget_bytes} bytes): raise --budget / FEEDLINE_BUDGET")
+        final = shard_path(self.root, shard_id, fmt)
+        index = build_index(partial, fmt=final)  # a whole file of its format (keys named by the id), or ShardError
+        fd = os.open(partial, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:  # whoever wrote it (a download, a decompression), a published shard gives other users nothing
+            os.fchmod(fd, FILE_MODE)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        waited = 0.0
+        while (entry := self._publish_now(shard_id, partial, size, index, final, source, sha256, fmt)) is None:
+            if stopped is not None and stopped():
+                raise InterruptedError(f"publishing {shard_id} was stopped while it waited for room")
+            if waited == 0.0:
+                log.info("%s waits to be published: making room would keep more than %d bytes of evicted shards for "
+                         "readers' leases (%d kept now); it goes in once a reader's epoch moves on or its lease ends",
+                         shard_id, self.retain_bytes, self.retained_bytes)
+            self.release()
+            time.sleep(RETAIN_POLL)
+            waited += RETAIN_POLL
         log.info("published %s (%d bytes, %d samples); cache %d / %d bytes in %d shards", shard_id, size,
                  entry.samples, self.total_bytes, self.budget_bytes, len(self.entries))
         return entry
@@ -246,6 +294,14 @@ class CacheStore:
             kept: list[ShardEntry] = []
             on_disk = sorted(p for suffix in SUFFIXES.values()
                              for p in glob.glob(os.path.join(self.shards_dir, "*" + suffix)))
+            for path in [p for p in on_disk if not _regular(p) or not is_cache_id(split_name(os.path.basename(p))[0])]:
+                # a link or a FIFO: its name goes, nothing else; a name that is no cache id (an older feedline's)
+                # goes too: a manifest naming it would be refused by every loader (manifest.check_id)
+                log.warning("removing %s: not a regular file named by a cache id (a shard is only ever one this "
+                            "store wrote)", path)
+                os.unlink(path)
+                on_disk.remove(path)
+                r.removed_invalid += 1
             self._retained = {}
             indexes: set[str] = set()
             first: dict[str, str] = {}  # id -> the one file kept for it: the manifest's format, else the first

@@ -4,7 +4,9 @@ HTTP/1.1 keep-alive, ``Content-Length``, ``sendfile``, ``HEAD``. Tests give it
 faults to inject per path (an HTTP status with ``Retry-After``, a connection
 reset mid-body, a stall before or during the answer, a body dripped slowly, a
 truncated body, a chunked body without a length), a whole-store outage (``down``) and a required auth header, so
-the sampler's error handling meets real sockets.
+the sampler's error handling meets real sockets. Clients of the network cannot tie it up: each request's head
+must arrive within ``timeout``, at most ``max_connections`` connections hold a thread (``metrics/httpserve.py``),
+and what it counts per path is capped at ``max_paths`` paths.
 """
 
 from __future__ import annotations
@@ -17,9 +19,13 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from ..metrics.httpserve import BoundedHandler, BoundedHTTPServer
 
 LOG_REQUESTS = 1000  # requests the store remembers at least (tests read them), and at most twice as many
+TIMEOUT = 60.0  # seconds a client has to send each request's head (nginx's client_header_timeout), and idles
+MAX_CONNECTIONS = 128  # connections holding a thread: 64 fetch threads of a sidecar and more
+OTHER_PATHS = "<other paths>"  # where `requests` counts paths past `max_paths`
 
 log = logging.getLogger("feedline.store")
 
@@ -43,12 +49,15 @@ class Fault:
 class FileStore:
     """Serves ``root`` on ``host:port`` (0: a free port) until ``close()``."""
 
-    def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, remember: bool = True):
+    max_paths = LOG_REQUESTS  # distinct paths `requests` counts one by one; the rest under OTHER_PATHS
+
+    def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, remember: bool = True, *,
+                 timeout: float = TIMEOUT, max_connections: int = MAX_CONNECTIONS):
         self.root = os.path.abspath(root)
         # `feedline serve` runs it as a process of its own, whose log nobody can read: it keeps none
         self.remembers = remember
         self.faults: dict[str, Fault] = {}
-        self.requests: dict[str, int] = {}
+        self.requests: dict[str, int] = {}  # requests per path: a client choosing paths cannot grow it past max_paths
         # (monotonic time, method, path, status) of the last LOG_REQUESTS to 2 x LOG_REQUESTS requests: a store
         # serving for weeks must not keep every one. A list (trimmed in halves), not a deque: tests iterate it
         # while handler threads append, which a deque refuses
@@ -57,9 +66,7 @@ class FileStore:
         self.auth: str | None = None  # the Authorization header value every request must carry
         store = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(BoundedHandler):
             def do_HEAD(self) -> None:  # noqa: N802
                 self._serve(body=False)
 
@@ -69,7 +76,7 @@ class FileStore:
             def _serve(self, body: bool) -> None:
                 rel = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")
                 path = os.path.realpath(os.path.join(store.root, rel))
-                store.requests[rel] = store.requests.get(rel, 0) + 1
+                store.count(rel)
                 fault = store.faults.get(rel)
                 if fault is not None and fault.times > 0 and fault.stall_before:
                     time.sleep(fault.stall_before)  # HEAD too: a store that does not answer at all
@@ -100,12 +107,7 @@ class FileStore:
                 with open(path, "rb") as f:
                     if fault is None:
                         self.wfile.flush()
-                        offset = 0
-                        while offset < size:
-                            sent = os.sendfile(self.connection.fileno(), f.fileno(), offset, size - offset)
-                            if sent == 0:
-                                break
-                            offset += sent
+                        self.connection.sendfile(f, 0, size)  # os.sendfile, each wait bounded by the timeout
                         return
                     if fault.drip:
                         return self._drip(f, fault.drip)
@@ -147,11 +149,8 @@ class FileStore:
                 self.end_headers()
                 self.wfile.write(msg)
 
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = BoundedHTTPServer((host, port), Handler, timeout=timeout, max_connections=max_connections,
+                                         name="feedline-store")
         self.host, self.port = self._server.server_address[:2]
         self._thread = threading.Thread(target=self._server.serve_forever, name="feedline-store", daemon=True)
         self._thread.start()
@@ -159,6 +158,11 @@ class FileStore:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def count(self, rel: str) -> None:
+        """One more request for ``rel``; a path past the first ``max_paths`` counts under ``OTHER_PATHS``."""
+        key = rel if rel in self.requests or len(self.requests) < self.max_paths else OTHER_PATHS
+        self.requests[key] = self.requests.get(key, 0) + 1
 
     def remember(self, entry: tuple[float, str, str, int]) -> None:
         if not self.remembers:

@@ -14,11 +14,18 @@ Text takes up to four times its UTF-8 bytes: a ``str`` stores every character in
 by its widest one (PEP 393), so 250 MB of ASCII and one emoji is a 1 GB string. Text members and
 JSON are measured before decoding (``check_text``); a string inside msgpack or CBOR may declare a
 quarter of the bound at most (``STRING_WIDTH``).
+
+CBOR can also refer back: a shared value (tags 28/29) or a string (stringref, tag 25) is decoded once and
+referenced many times, so a few kilobytes can hold a list that references a big one twice, itself referenced
+twice, forty levels deep: small in memory, exponential once copied (packed for the side channel, collated,
+turned to JSON). Such a member is measured as it would be copied (``check_shared``): every reference counts
+what it refers to, whole; a value that contains itself is refused.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 DEFAULT_MAX_MEMBER_BYTES = 256 << 20  # one member, as stored or decoded: beyond it the sample is skipped and counted
@@ -222,3 +229,104 @@ def check_cbor(data: memoryview, bound: int, small_too: bool = False) -> None:
         items += 1
         if items > budget:
             raise _too_many(items, bound)
+
+
+# CBOR's tags that refer back (25: stringref, 28: shareable, 29: sharedref), their heads in every width cbor2 accepts
+_CBOR_SHARING = re.compile(rb"(?:\xd8|\xd9\x00|\xda\x00{3}|\xdb\x00{7})[\x19\x1c\x1d]")
+
+
+def may_share(data: bytes | memoryview) -> bool:
+    """Whether CBOR bytes may refer back to a value (a tag 25, 28 or 29 head; or those bytes inside a string):
+    only then can the decoded value hold one object in several places (``check_shared``)."""
+    return _CBOR_SHARING.search(data) is not None
+
+
+def _children(value: Any) -> Iterator[Any] | None:
+    """The values a container holds (a map's keys and values); None for a leaf."""
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return iter(value)
+    if isinstance(value, Mapping):  # dict, and cbor2's frozendict (a map that is a key)
+        return (v for item in value.items() for v in item)
+    if isinstance(getattr(value, "tag", None), int) and hasattr(value, "value"):  # cbor2's CBORTag: a tag it keeps
+        return iter((value.value,))
+    return None
+
+
+def _leaf_bytes(value: Any) -> int:
+    if isinstance(value, str):
+        return ITEM_BYTES + len(value) * (1 if value.isascii() else STRING_WIDTH)
+    if isinstance(value, (bytes, bytearray)):
+        return ITEM_BYTES + len(value)
+    if isinstance(value, int):
+        return ITEM_BYTES + value.bit_length() // 8
+    return ITEM_BYTES
+
+
+def _flat_bytes(value: Any) -> int | None:
+    """The cost of a list or tuple of numbers or of strings, counted in C (an array of a million floats walks
+    in milliseconds); None for any other container."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    kinds = set(map(type, value))
+    if kinds <= {float, type(None)}:
+        return ITEM_BYTES * (1 + len(value))
+    if kinds <= {int, bool}:
+        return ITEM_BYTES * (1 + len(value)) + sum(map(int.bit_length, value)) // 8
+    if kinds == {str}:
+        return ITEM_BYTES * (1 + len(value)) + sum(map(len, value)) * (1 if all(map(str.isascii, value)) else
+                                                                       STRING_WIDTH)
+    return None
+
+
+def check_shared(value: Any, bound: int) -> None:
+    """Refuse a decoded tree that would take more than the bound once every reference in it is copied.
+
+    Each container is walked once (its cost kept by identity) and every reference to it counts that cost
+    again, so the walk takes the time of the tree as it is in memory, not as it would be copied. A value
+    that contains itself can never be copied: a ``DecodeError``.
+    """
+    known: dict[int, int] = {}  # a walked container's id: its cost as copied
+    walking: set[int] = set()  # the containers being walked: one met again inside itself contains itself
+    stack: list[list[Any]] = []  # [container, its values not yet met, its cost so far]
+
+    def cost_of(v: Any) -> int | None:
+        """What ``v`` costs, where that is known now (a leaf, a container walked before); else it is walked."""
+        values = _children(v)
+        if values is None:
+            return _leaf_bytes(v)
+        if id(v) in known:
+            return known[id(v)]
+        flat = _flat_bytes(v)
+        if flat is not None:
+            known[id(v)] = flat
+            return flat
+        if id(v) in walking:
+            raise DecodeError("a value that contains itself (a CBOR shared reference to an enclosing value)")
+        walking.add(id(v))
+        stack.append([v, values, ITEM_BYTES])
+        return None
+
+    total = cost_of(value)
+    while stack:
+        frame = stack[-1]
+        v = next(frame[1], _END)
+        if v is _END:  # the container is walked: its cost is known, and counts in its parent's
+            stack.pop()
+            walking.discard(id(frame[0]))
+            cost = known[id(frame[0])] = frame[2]
+            if not stack:
+                total = cost
+                break
+            frame = stack[-1]
+        else:
+            cost = cost_of(v)
+            if cost is None:
+                continue
+        frame[2] += cost
+        if frame[2] > bound:  # a part past the bound: the whole is too
+            raise MemberTooLarge(f"holds shared values that copied would take more than {about(frame[2])},", bound)
+    if total is not None and total > bound:
+        raise MemberTooLarge(f"holds shared values that copied would take {about(total)},", bound)
+
+
+_END = object()

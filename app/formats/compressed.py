@@ -5,7 +5,7 @@ A worker slices members out of a mapped shard by offset; a compressed stream has
 no offsets to slice. So a compressed shard is decompressed once — by the sampler
 before it publishes (the cache budget counts the uncompressed bytes), or by the
 loader into a directory of decompressed copies for ``shards=`` — and read as the
-plain tar it holds. ``zstd`` needs the ``zstandard`` package (``pip install zstandard``).
+plain tar (or TFRecord file) it holds. ``zstd`` needs the ``zstandard`` package (``pip install zstandard``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO
 
+from . import tfrecord
 from .files import TMP_MARK, fsync_dir
 from .shard_index import ShardError, build_index, index_path, write_index
 from .urls import compression, plain_suffix, shard_stem
@@ -93,19 +94,68 @@ class _HoleyTar:
         self.out.truncate(self.out.tell())  # a hole at the end still counts in the file's size
 
 
+class _HoleyRecords:
+    """Writes a TFRecord stream, leaving the data of records larger than ``bound`` as holes, as ``_HoleyTar``
+    does a tar's members: each record's 12-byte header (its length, and the length's CRC) is written, so the
+    index sees the record and a worker skips it, counted, for its length. A hole only ever stands for bytes
+    the stream held: a header whose length lies (its CRC does not match) leaves the rest of the copy a hole,
+    and the index refuses the file for that CRC, as it would the plain file."""
+
+    def __init__(self, out: IO[bytes], bound: int):
+        self.out, self.bound = out, bound
+        self.head = b""  # the part of a record's header read so far
+        self.copy = self.hole = 0  # the current record's data and data CRC still to write, or to leave as a hole
+        self.holes = 0
+
+    def write(self, chunk: bytes) -> None:
+        view, pos = memoryview(chunk), 0
+        while pos < len(view):
+            if self.copy:
+                n = min(self.copy, len(view) - pos)
+                self.out.write(view[pos : pos + n])
+                self.copy -= n
+            elif self.hole:
+                n = min(self.hole, len(view) - pos)
+                self.out.seek(n, os.SEEK_CUR)
+                self.hole -= n
+            else:
+                n = min(tfrecord.HEADER.size - len(self.head), len(view) - pos)
+                self.head += bytes(view[pos : pos + n])
+                if len(self.head) == tfrecord.HEADER.size:
+                    self._record(self.head)
+                    self.head = b""
+            pos += n
+
+    def _record(self, header: bytes) -> None:
+        self.out.write(header)
+        (length, _) = tfrecord.HEADER.unpack(header)
+        if length > self.bound:
+            self.hole, self.holes = length + tfrecord.TRAILER, self.holes + 1
+        else:
+            self.copy = length + tfrecord.TRAILER
+
+    def close(self) -> None:
+        self.out.write(self.head)  # a header cut short: the index says the file is truncated
+        self.out.truncate(self.out.tell())
+
+
 def decompress(src: str, dest: str, kind: str, max_bytes: int | None = None,
-               stopped: Callable[[], bool] | None = None, member_bound: int | None = None) -> int:
-    """Write the tar inside ``src`` to ``dest`` (fsynced); its size.
+               stopped: Callable[[], bool] | None = None, member_bound: int | None = None,
+               records: bool = False) -> int:
+    """Write the tar (with ``records``, the TFRecord file) inside ``src`` to ``dest`` (fsynced); its size.
 
     A broken stream is a ``ShardError``, more than ``max_bytes`` a ``TooLarge``; a failure to write
     ``dest`` (a full disk) stays an ``OSError``: that is the destination's fault, not the shard's.
     ``stopped()`` is asked between chunks; when it says so, the copy is abandoned (``InterruptedError``).
-    ``member_bound`` (a tar): members larger than it are written as holes (``_HoleyTar``).
+    ``member_bound``: tar members (TFRecord records) larger than it are written as holes (``_HoleyTar``,
+    ``_HoleyRecords``), so a few megabytes of gzip holding a gigabyte of zeros take no room.
     """
     written = 0
     try:
         with open(src, "rb") as f, _reader(f, kind) as r, open(dest, "wb") as out:
-            sink: IO[bytes] | _HoleyTar = out if member_bound is None else _HoleyTar(out, member_bound)
+            sink: IO[bytes] | _HoleyTar | _HoleyRecords = out
+            if member_bound is not None:
+                sink = _HoleyRecords(out, member_bound) if records else _HoleyTar(out, member_bound)
             while True:
                 try:
                     chunk = r.read(CHUNK)
@@ -119,11 +169,12 @@ def decompress(src: str, dest: str, kind: str, max_bytes: int | None = None,
                 if stopped is not None and stopped():
                     raise InterruptedError(f"decompressing {src} was stopped")
                 sink.write(chunk)
-            if isinstance(sink, _HoleyTar):
+            if isinstance(sink, (_HoleyTar, _HoleyRecords)):
                 sink.close()
                 if sink.holes:
-                    log.warning("%s: %d member(s) larger than max_member_bytes=%d left out of its plain copy (they "
-                                "are skipped and counted when read)", src, sink.holes, member_bound)
+                    log.warning("%s: %d %s larger than max_member_bytes=%d left out of its plain copy (skipped and "
+                                "counted when read)", src, sink.holes, "record(s)" if records else "member(s)",
+                                member_bound)
             out.flush()
             os.fsync(out.fileno())
             return written
@@ -145,7 +196,7 @@ class Inflator:
 
     def __init__(self, directory: str, threads: int = 0, member_bound: int | None = None):
         self.directory = directory
-        self.member_bound = member_bound  # tar members past it (skipped when read) are not written out
+        self.member_bound = member_bound  # tar members (TFRecord records) past it, skipped when read, are holes
         self.threads = threads or min(8, os.cpu_count() or 1)
         self._failed: set[str] = set()  # copies whose source would not decompress, by source identity
 
@@ -188,8 +239,8 @@ class Inflator:
         tmp = f"{dest}{TMP_MARK}{os.getpid()}"
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         try:
-            tar = plain_suffix(src) == ".tar"
-            decompress(src, tmp, compression(src) or "", member_bound=self.member_bound if tar else None)
+            decompress(src, tmp, compression(src) or "", member_bound=self.member_bound,
+                       records=plain_suffix(src) == ".tfrecord")
             index = build_index(tmp, fmt=src)
             write_index(index, index_path(dest))
             os.replace(tmp, dest)

@@ -24,7 +24,8 @@ Nothing here unpickles.
 
 Every member is bounded by the decoder's ``max_member_bytes`` (``bounds.py``): as stored, and as
 decoded — decompressed bytes, image pixels, the values of JSON/msgpack/CBOR, the sizes ``.npy``,
-``.ten`` and ``.npz`` declare. Past it a member is ``MemberTooLarge`` before the memory is taken.
+``.ten`` and ``.npz`` declare, CBOR's shared values once per reference. Past it a member is
+``MemberTooLarge`` before the memory is taken (before a copy of it is, for CBOR's shared values).
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ from .bounds import (
     check_text,
     check_msgpack,
     check_stored,
+    check_shared,
     fits_uncounted,
+    may_share,
     msgpack_limits,
 )
 from .images import IMAGE_EXTENSIONS, decode_image
@@ -157,15 +160,19 @@ decode_msgpack.package = "msgpack"  # type: ignore[attr-defined]
 
 
 def decode_cbor(data: memoryview, bound: int = DEFAULT_MAX_MEMBER_BYTES) -> Any:
-    """``cbor2.loads`` (which refuses nesting deeper than 400), after the bound's walk of the item heads."""
+    """``cbor2.loads`` (which refuses nesting deeper than 400), after the bound's walk of the item heads; a member
+    that may refer back to values (shared values, string references) is measured as it would be copied."""
     import cbor2
 
     check_cbor(data, bound)
     try:
-        return cbor2.loads(data)
+        value = cbor2.loads(data)
     except Exception as exc:  # CBORDecodeError and what a tag's own decoding raises
         check_cbor(data, bound, small_too=True)  # a declared length past the bound says why
         raise DecodeError(f"bad CBOR: {exc}") from None
+    if may_share(data):  # in memory each shared value is there once; copied, once per reference
+        check_shared(value, bound)
+    return value
 
 
 decode_cbor.package = "cbor2"  # type: ignore[attr-defined]

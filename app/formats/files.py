@@ -9,8 +9,25 @@ from __future__ import annotations
 
 import glob
 import os
+from typing import BinaryIO
 
 TMP_MARK = ".tmp."  # <target>.tmp.<pid>: the only temporary names this project writes
+FILE_MODE = 0o600  # what feedline creates gives other users no write and no read (docs/security.md)
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def create_new(path: str, mode: int = FILE_MODE) -> BinaryIO:
+    """A new file at ``path``, opened for writing: never one that was there, never through a symbolic link.
+
+    A name that exists (a file a killed writer of this pid left, or a link planted there) is removed first —
+    the name, never what a link points to — and created again exclusively, so nothing outside is written.
+    """
+    try:
+        fd = os.open(path, _NEW, mode)
+    except FileExistsError:
+        os.unlink(path)
+        fd = os.open(path, _NEW, mode)
+    return os.fdopen(fd, "wb")
 
 
 def fsync_dir(path: str) -> None:
@@ -22,11 +39,11 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: str | bytes, durable: bool = True) -> None:
+def atomic_write(path: str, data: str | bytes, durable: bool = True, mode: int = FILE_MODE) -> None:
     """Replace ``path`` with ``data`` in one step; ``durable`` also fsyncs the file and its directory."""
     tmp = f"{path}{TMP_MARK}{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
+        with create_new(tmp, mode) as f:
             f.write(data.encode() if isinstance(data, str) else data)
             if durable:
                 f.flush()

@@ -11,6 +11,13 @@ first bytes) decode as image members do, other bytes stay ``bytes``; a Hugging F
 column (a struct of ``bytes`` and ``path``) is its image; integers and floats are numpy scalars of
 the column's type; strings ``str``; lists of numbers 1-D arrays; other values (lists, structs)
 as Python values. A ``decode={"column": fn}`` decoder of the user's is given a binary value's bytes.
+
+A file's footer is not trusted: it may declare rows and values its bytes cannot hold (nulls, a constant, a
+dictionary value repeated: a few kilobytes that decode to gigabytes). So the rows it declares are checked
+against its size before it is indexed (``MAX_ROWS_PER_BYTE``), and what a row group's columns take once
+read against ``max_member_bytes`` before it is read (``group_bytes``); byte-array columns written with a
+dictionary are read as dictionaries (each value once), and what they expand to is measured before any
+row is taken from them (``dense_bytes``).
 """
 
 from __future__ import annotations
@@ -21,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from .bounds import DecodeError, MemberTooLarge
+from .bounds import DEFAULT_MAX_MEMBER_BYTES, DecodeError, MemberTooLarge, about
 from .decoders import Decoder
-from .sample_index import Sample, ShardError, ShardIndex, open_shard
+from .sample_index import MAX_SAMPLES, Sample, ShardError, ShardIndex, open_shard
 from .urls import is_parquet, shard_stem
 
 __all__ = ["PACKAGES", "RECORD", "RowGroups", "build_index", "column_value", "is_parquet", "read_row"]
@@ -31,6 +38,18 @@ __all__ = ["PACKAGES", "RECORD", "RowGroups", "build_index", "column_value", "is
 RECORD = "parquet"  # the one field of a row's entry in the index: (row group, row in it), not a byte span
 PACKAGES = {"pyarrow": "pyarrow"}  # module: the package that has it
 GROUP_CACHE_BYTES = 128 << 20  # a worker's bound on the row groups it keeps decoded (at least the one in use)
+# The most rows a file may declare per byte of it. A row is a sample, and every sample takes an entry in the
+# index (about 450 bytes in memory), so a footer declaring 300 M rows in a 500 KB file (what pyarrow writes for
+# a column of nulls: 540 rows a byte) would take 130 GB before a row is read. Measured with pyarrow (snappy,
+# zstd; 2 M rows): a column whose every row carries a bit of its own packs at most 8 rows a byte (random
+# booleans 7.8, a 2-class label 7.5, a 10-class one 2.3; ids 0.8); only runs of one value go past it
+# (a 99 %-zero label 36, sorted labels 140, a constant 230, nulls 410-540), which no dataset's samples are.
+MAX_ROWS_PER_BYTE = 8
+# Past a shard index's MAX_SAMPLES (a tar's), a file's rows must average MIN_ROW_BYTES: so what a hostile footer can
+# make the index hold is a million rows (~450 MB) plus one row per 16 bytes the file really has. A 500 MB file of
+# 100-byte text rows (5 M rows) reads as it did; a 1 MB file declaring 8 M rows does not.
+MIN_ROW_BYTES = 16
+REFUSED_KEPT = 64  # row groups a worker remembers it refused (their other rows are refused without a read)
 
 
 def build_index(path: str, fd: int | None = None, name: str | None = None) -> ShardIndex:
@@ -44,6 +63,7 @@ def build_index(path: str, fd: int | None = None, name: str | None = None) -> Sh
             meta = pq.ParquetFile(f).metadata
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise ShardError(path, f"not a readable Parquet file ({exc})") from None
+    check_rows(path, meta, size)
     stem = shard_stem(name or path)
     samples, n = [], 0
     for group in range(meta.num_row_groups):
@@ -51,6 +71,96 @@ def build_index(path: str, fd: int | None = None, name: str | None = None) -> Sh
             samples.append(Sample(f"{stem}/{n:08d}", {RECORD: (group, row)}))
             n += 1
     return ShardIndex(path, size, samples)
+
+
+def check_rows(path: str, meta: Any, size: int) -> None:
+    """Refuse (``ShardError``) a footer declaring more rows than the file's bytes can hold, before they are indexed."""
+    rows = 0
+    for group in range(meta.num_row_groups):
+        n = meta.row_group(group).num_rows
+        if n < 0:
+            raise ShardError(path, f"row group {group} declares {n} rows (not a readable Parquet file)")
+        rows += n
+    if rows > size * MAX_ROWS_PER_BYTE:
+        raise ShardError(path, f"declares {rows} rows in {size} bytes, more than {MAX_ROWS_PER_BYTE} rows a byte: "
+                               f"only runs of one value (nulls, a constant) pack so tight, never a dataset's samples; "
+                               f"refused before indexing (each row is a sample the index holds)")
+    if rows > max(MAX_SAMPLES, size // MIN_ROW_BYTES):  # the index's memory: a million rows, more in a file of more
+        raise ShardError(path, f"declares {rows} rows in {size} bytes: past {MAX_SAMPLES:,} rows a file holds "
+                               f"{MIN_ROW_BYTES} bytes a row at least (each row is a sample the index holds, ~450 "
+                               f"bytes of memory); write the rows into smaller or more files")
+
+
+# What a value takes once pyarrow reads it, by physical type: its slot (a null takes one too) and a byte for
+# its validity bit (rounded up); a FIXED_LEN_BYTE_ARRAY value its length more, a decimal 32 (decimal256) and
+# a BYTE_ARRAY value its offset (or dictionary index), its bytes counted in the chunk's uncompressed size
+_VALUE_BYTES = {"BOOLEAN": 2, "INT32": 5, "INT64": 9, "INT96": 13, "FLOAT": 5, "DOUBLE": 9, "BYTE_ARRAY": 5,
+                "FIXED_LEN_BYTE_ARRAY": 1}
+_WIDEST = 33  # a decimal, or a type this table does not name
+_AS_DICTIONARY = ("NONE", "STRING", "ENUM")  # byte-array logical types pyarrow reads as dictionaries (binary, str)
+
+
+def group_bytes(meta: Any, group: int, names: Collection[str] | None) -> tuple[int, list[str]]:
+    """What the columns ``names`` (None: all) of a row group take once read, from the footer, and the paths of
+    their byte-array columns written with a dictionary, to read as dictionaries: read densely, each row would
+    hold its value again (a 10 KB string in 200 000 rows is 2 GB, from 10 KB of data)."""
+    rg = meta.row_group(group)
+    total, dictionaries = 0, []
+    for i in range(rg.num_columns):
+        chunk, column = rg.column(i), meta.schema.column(i)
+        path = column.path
+        if names is not None and not any(path == n or path.startswith(n + ".") for n in names):
+            continue
+        kind, logical = chunk.physical_type, column.logical_type.type
+        width = _VALUE_BYTES.get(kind, _WIDEST)
+        if logical == "DECIMAL":
+            width = _WIDEST
+        elif kind == "FIXED_LEN_BYTE_ARRAY":
+            width += column.length
+        values = max(chunk.num_values, rg.num_rows)
+        if kind == "BYTE_ARRAY":
+            total += chunk.total_uncompressed_size + values * width
+            if chunk.has_dictionary_page:
+                if logical not in _AS_DICTIONARY:  # read densely: every value may be the dictionary's largest
+                    total += values * chunk.total_uncompressed_size
+                else:
+                    dictionaries.append(path)
+        else:
+            total += max(chunk.total_uncompressed_size, values * width)
+        total += rg.num_rows * 4 * column.max_repetition_level  # list offsets
+    return total, dictionaries
+
+
+def dense_bytes(column: Any) -> int:
+    """What a column read with dictionaries would take with every value in place (as rows hand them out)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(column, pa.ChunkedArray):
+        return sum(dense_bytes(c) for c in column.chunks)
+    kind = column.type
+    if pa.types.is_dictionary(kind) and _is_bytes(kind.value_type):  # each index: the length of its value
+        taken = pc.sum(pc.take(pc.binary_length(column.dictionary), column.indices)).as_py()
+        return column.indices.nbytes + (taken or 0)
+    if pa.types.is_dictionary(kind):  # fixed-width values (a pandas category of numbers): the mean entry each
+        values = column.dictionary
+        return column.indices.nbytes + len(column) * -(-values.nbytes // max(1, len(values)))
+    if pa.types.is_map(kind):
+        return column.offsets.nbytes + dense_bytes(column.keys) + dense_bytes(column.items)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return column.offsets.nbytes + dense_bytes(column.flatten())
+    if pa.types.is_fixed_size_list(kind):
+        return dense_bytes(column.flatten())
+    if pa.types.is_struct(kind):
+        return sum(dense_bytes(c) for c in column.flatten())
+    return column.nbytes
+
+
+def _is_bytes(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_string(kind)
+            or pa.types.is_large_string(kind))
 
 
 class RowGroups:
@@ -65,8 +175,21 @@ class RowGroups:
         self.max_bytes = max_bytes
         self._groups: OrderedDict[tuple[Any, ...], tuple[Any, Any]] = OrderedDict()
         self._bytes = 0
+        self._refused: OrderedDict[tuple[Any, ...], tuple[Any, int, str]] = OrderedDict()  # the groups refused
 
-    def table(self, path: str, data: memoryview, group: int, columns: tuple[str, ...] | None) -> Any:
+    def _refuse(self, key: tuple[Any, ...], base: Any, bound: int, what: str) -> None:
+        """Refuse a row group past the bound, and remember it: its other rows are refused without a read."""
+        self._refused[key] = (base, bound, what)
+        while len(self._refused) > REFUSED_KEPT:
+            self._refused.popitem(last=False)
+        raise MemberTooLarge(what, bound)
+
+    def table(self, path: str, data: memoryview, group: int, columns: tuple[str, ...] | None,
+              bound: int = DEFAULT_MAX_MEMBER_BYTES) -> Any:
+        """The columns (lowercased names; None: all) of a row group, read whole. A worker reads a group at once and
+        keeps ``max_bytes`` of them, so a group may take the larger of that and ``bound``: a footer declaring more
+        (``group_bytes``), or dictionary values that in place would take more (``dense_bytes``), is refused
+        (``MemberTooLarge``) before the memory is taken; each cell is then bounded by ``bound`` (``read_row``)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -76,13 +199,32 @@ class RowGroups:
         if hit is not None and hit[0] is base:
             self._groups.move_to_end(key)
             return hit[1]
+        refused = self._refused.get(key)
+        if refused is not None and refused[0] is base and refused[1] == bound:
+            raise MemberTooLarge(refused[2], bound)
+        limit = max(bound, self.max_bytes)
         try:
             pf = pq.ParquetFile(pa.BufferReader(pa.py_buffer(base)))
             names = {n.lower(): n for n in pf.schema_arrow.names}
             wanted = None if columns is None else [names[c] for c in columns if c in names]
+            need, dictionaries = group_bytes(pf.metadata, group, wanted)
+            rows = pf.metadata.row_group(group).num_rows
+            if need > limit:
+                self._refuse(key, base, bound, f"row group {group} ({rows} rows) would take {about(need)} once read, "
+                                               f"more than the {about(limit)} a worker reads at once (write the file "
+                                               f"in smaller row groups: pyarrow's row_group_size),")
+            if dictionaries:
+                pf = pq.ParquetFile(pa.BufferReader(pa.py_buffer(base)), metadata=pf.metadata,
+                                    read_dictionary=dictionaries)
             table = pf.read_row_group(group, columns=wanted, use_threads=False)
-        except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
+        except (pa.ArrowException, OSError, ValueError, IndexError, KeyError) as exc:
             raise DecodeError(f"row group {group} cannot be read: {exc}") from None
+        if dictionaries:
+            dense = sum(dense_bytes(c) for c in table.columns)
+            if dense > limit:
+                self._refuse(key, base, bound, f"row group {group} ({rows} rows) holds dictionary values that in "
+                                               f"place would take {about(dense)}, more than the {about(limit)} a "
+                                               f"worker reads at once,")
         if hit is not None:
             self._bytes -= self._groups.pop(key)[1].nbytes
         self._groups[key] = (base, table)
@@ -95,6 +237,7 @@ class RowGroups:
     def clear(self) -> None:
         """Drop every group (and so the mappings they hold): the trainer's probe keeps none."""
         self._groups.clear()
+        self._refused.clear()
         self._bytes = 0
 
 
@@ -112,21 +255,24 @@ def read_row(path: str, data: memoryview, span: tuple[int, int], bound: int, col
     import pyarrow as pa
 
     group, row = span
-    table = ROW_GROUPS.table(path, data, group, None if columns is None else tuple(sorted(columns)))
+    table = ROW_GROUPS.table(path, data, group, None if columns is None else tuple(sorted(columns)), bound)
     out: dict[str, Any] = {}
     for field, column in zip(table.schema, table.columns):
         key = field.name.lower()
         if key in out:
             raise DecodeError(f"columns {field.name!r} and another differ only in case; they are fields by their "
                               f"lowercased names")
-        cell = column[row]
-        if key in views and cell.is_valid and (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)):
+        cell, kind = column[row], field.type
+        if pa.types.is_dictionary(kind) and _is_bytes(kind.value_type):  # read as a dictionary: the value it indexes
+            kind = kind.value_type
+            cell = cell.value if cell.is_valid else pa.scalar(None, kind)
+        if key in views and cell.is_valid and (pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
             value: Any = memoryview(cell.as_buffer())
         else:
             value = cell.as_py()
         if isinstance(value, (bytes, str, memoryview)) and len(value) > bound:
             raise MemberTooLarge(f"is a {len(value)}-byte value,", bound, member=key)
-        out[key] = (field.type, value)
+        out[key] = (kind, value)
     return out
 
 

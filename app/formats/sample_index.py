@@ -14,6 +14,13 @@ from typing import BinaryIO
 INDEX_VERSION = 1
 
 
+# An index costs ~400 bytes of memory a sample, in the sampler and in every worker: a shard of millions of empty
+# members (512 bytes of tar header each) would cost gigabytes. Datasets' shards hold thousands of samples.
+MAX_SAMPLES = 1 << 20
+TOO_MANY = (f"holds more than {MAX_SAMPLES:,} samples, past what one shard's index may hold: write smaller shards "
+            f"(`feedline make-shards --shard-size`)")
+
+
 class ShardError(Exception):
     """A shard that cannot be read at all (not a tar, truncated, unreadable)."""
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from . import parquet, tfrecord
 from .files import atomic_write
-from .sample_index import Sample, ShardError, ShardIndex
+from .sample_index import MAX_SAMPLES, TOO_MANY, Sample, ShardError, ShardIndex
 
 INDEX_SUFFIX = ".idx"
 
@@ -70,8 +70,9 @@ def build_index(path: str, fd: int | None = None, fmt: str | None = None) -> Sha
     fields: dict[str, tuple[int, int]] = {}
     try:
         with _open_tar(path, fd) as tar:
-            for info in tar:
-                if not info.isfile():
+            while (info := tar.next()) is not None:
+                tar.members.clear()  # tarfile keeps every header it read (440 B each): a shard of tiny members
+                if not info.isfile():  # would hold gigabytes of them; the index keeps what it needs
                     continue
                 if info.offset_data + info.size > shard_bytes:
                     raise ShardError(
@@ -86,6 +87,8 @@ def build_index(path: str, fd: int | None = None, fmt: str | None = None) -> Sha
                 if k != key or ext in fields:
                     if key is not None and fields:
                         samples.append(Sample(key, fields))
+                        if len(samples) > MAX_SAMPLES:
+                            raise ShardError(path, TOO_MANY)
                     key, fields = k, {}
                 fields[ext] = (info.offset_data, info.size)
             end = tar.offset

@@ -28,7 +28,7 @@ from .sample_index import Sample, ShardError, ShardIndex, open_shard
 from .urls import is_tfrecord, shard_stem
 
 RECORD = "tfrecord"  # the one field of a record's entry in the index: its data's (offset, length)
-_HEADER = struct.Struct("<QI")
+HEADER = struct.Struct("<QI")  # a record's length and the length's masked CRC
 _CRC = struct.Struct("<I")
 TRAILER = _CRC.size  # the data CRC after each record's data
 _MASK_DELTA = 0xA282EAD8
@@ -68,20 +68,20 @@ def build_index(path: str, fd: int | None = None, name: str | None = None) -> Sh
         samples = []
         off = n = 0
         while off < size:
-            if off + _HEADER.size > size:
+            if off + HEADER.size > size:
                 raise ShardError(path, f"truncated: record {n} at byte {off} has {size - off} of its 12 header bytes")
-            length, crc = _HEADER.unpack_from(mm, off)
+            length, crc = HEADER.unpack_from(mm, off)
             if masked_crc(mm[off : off + 8]) != crc:
                 if off == 0 and mm[:2] == b"\x1f\x8b":
                     raise ShardError(path, "a gzip file (TFRecordOptions(compression_type='GZIP')): name it "
                                            "<name>.tfrecord.gz, and it is decompressed once before it is read")
                 raise ShardError(path, f"record {n} at byte {off}: the length's CRC does not match (not a TFRecord "
                                        f"file, or corrupt from there on)")
-            end = off + _HEADER.size + length + _CRC.size
+            end = off + HEADER.size + length + _CRC.size
             if end > size:
                 raise ShardError(path, f"truncated: record {n} at byte {off} needs bytes up to {end}, the file has "
                                        f"{size}")
-            samples.append(Sample(f"{stem}/{n:08d}", {RECORD: (off + _HEADER.size, length)}))
+            samples.append(Sample(f"{stem}/{n:08d}", {RECORD: (off + HEADER.size, length)}))
             off, n = end, n + 1
     return ShardIndex(path, size, samples)
 

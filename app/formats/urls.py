@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import glob
+import hashlib
+import logging
 import os
 import posixpath
 import re
@@ -28,11 +30,57 @@ from braceexpand import braceexpand
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecords.gz")
 TFDS_NAME = re.compile(r"\.tfrecords?-\d+-of-\d+(\.gz)?$")  # TFDS's files: mnist-train.tfrecord-00000-of-00001
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd", *TFRECORD_SUFFIXES, ".parquet")
+STEM_MAX = 160  # a shard's cache id: its stem, and "-<8 hex>" where stems repeat (cache.manifest.ID_MAX)
 INDEX_SUFFIXES = (".txt", ".lst", ".list", ".index")
 REMOTE_SCHEMES = ("http://", "https://", "s3://")
 RULES = (f"a shard ends in {', '.join(SHARD_SUFFIXES)} (or is TFDS's <name>.tfrecord-00000-of-00016) "
          f"(before any ?query); an index file in "
          f"{', '.join(INDEX_SUFFIXES)}; a local directory or glob stands for its shards")
+
+
+REDACTED = "REDACTED"
+_URL_IN_TEXT = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)\]]")  # no trailing punctuation
+
+
+def redact(url: str) -> str:
+    """A URL as logs, errors, metrics and ``manifest.json`` may show it: scheme, host, port and path kept (the
+    shard stays recognisable), the userinfo, every query value and any fragment replaced by ``REDACTED``.
+
+    Every query value, not a list of known secret names: presigned URLs spread their secret over parameters
+    whose names vary by vendor (``X-Amz-Signature``/``X-Amz-Security-Token``, ``X-Goog-Signature``, Azure's
+    ``sig``, CloudFront's ``Signature``/``Policy``, Akamai's ``hdnts``, anyone's ``token``), and a shard is
+    recognised by its host and path, never by a query value. The parameter names stay: they say it was
+    presigned. A local path (no ``scheme://``) is returned as it is.
+    """
+    if "://" not in url or not ("?" in url or "@" in url or "#" in url):  # a local path; a URL with nothing to hide
+        return url
+    try:
+        u = urllib.parse.urlsplit(url)
+        netloc = u.netloc
+    except ValueError:  # an unparseable netloc ("http://[::1"): nothing of it is shown
+        return url.split("://", 1)[0] + "://" + REDACTED
+    if "@" in netloc:
+        netloc = REDACTED + "@" + netloc.rpartition("@")[2]
+    out = f"{u.scheme}://{netloc}{u.path}"
+    if u.query:
+        out += "?" + "&".join(part.partition("=")[0] + "=" + REDACTED if "=" in part else REDACTED
+                              for part in u.query.split("&") if part)
+    if u.fragment:
+        out += "#" + REDACTED
+    return out
+
+
+def redact_text(text: str) -> str:
+    """Every URL in a message redacted (``redact``): for text that may quote one, an exception's included."""
+    return _URL_IN_TEXT.sub(lambda m: redact(m.group(0)), text)
+
+
+class RedactingFormatter(logging.Formatter):
+    """A log formatter that redacts every URL of a record, its traceback included: the appliance's net under what
+    the parts redact themselves, for what a library quotes (an exception's text)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
 
 
 class ShardListError(ValueError):
@@ -108,7 +156,9 @@ def plain_suffix(name: str) -> str:
 
 
 def shard_stem(name: str) -> str:
-    """The shard's name without its suffix, safe as a file name: ``.../train-0001.tar.gz?x=1`` -> ``train-0001``."""
+    """The shard's name without its suffix, safe as a file name: ``.../train-0001.tar.gz?x=1`` -> ``train-0001``;
+    letters, digits, ``._-`` only, no leading dot, at most ``STEM_MAX`` characters (cache ids:
+    ``cache.manifest.check_id``)."""
     base = os.path.basename(url_path(name))
     for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
         if base.lower().endswith(suffix):
@@ -117,7 +167,10 @@ def shard_stem(name: str) -> str:
     else:
         if base.lower().endswith(".gz") and TFDS_NAME.search(base.lower()):
             base = base[: -len(".gz")]
-    return re.sub(r"[^A-Za-z0-9._-]", "_", base) or "shard"
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", base).lstrip(".") or "shard"  # never ".." nor a hidden file
+    if len(stem) > STEM_MAX:  # a file name has 255 bytes, and the cache adds a suffix and a partial's name
+        stem = f"{stem[:STEM_MAX - 9]}-{hashlib.sha1(stem.encode()).hexdigest()[:8]}"
+    return stem
 
 
 def _remote_entry(entry: str, base: str, lineno: int) -> str:
@@ -125,8 +178,9 @@ def _remote_entry(entry: str, base: str, lineno: int) -> str:
     host, ``x.tar`` beside it); another scheme (``file:``, ``pipe:``...) is refused by name."""
     scheme = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*):", entry)
     if scheme and not is_remote(entry):
-        raise ShardListError(f"index {base} line {lineno}: {entry!r} is a {scheme.group(1)}: entry; a remote index "
-                             f"names remote shards only (http://, https://, s3://, or paths relative to the index)")
+        raise ShardListError(f"index {redact(base)} line {lineno}: {redact(entry)!r} is a {scheme.group(1)}: entry; "
+                             f"a remote index names remote shards only (http://, https://, s3://, or paths "
+                             f"relative to the index)")
     if is_remote(entry):
         return entry
     if base.startswith("s3://"):  # urljoin knows no s3: the bucket is the root, the index's folder the base
@@ -156,7 +210,7 @@ def parse_index(text: str, base: str) -> list[IndexEntry]:
             elif extra.isdigit():
                 size = int(extra)
             else:
-                raise ShardListError(f"index {base} line {lineno}: {extra!r} is neither a sha256 nor a size")
+                raise ShardListError(f"index {redact(base)} line {lineno}: {extra!r} is neither a sha256 nor a size")
         entries.append(IndexEntry(url, sha, size))
     return entries
 
@@ -169,7 +223,7 @@ def local_shards(names: Sequence[str]) -> list[IndexEntry]:
     found: list[IndexEntry] = []
     for name in names:
         if is_remote(name):
-            raise ShardListError(f"{name} is remote; only local names are listed here")
+            raise ShardListError(f"{redact(name)} is remote; only local names are listed here")
         if os.path.isdir(name):
             found.extend(IndexEntry(p) for p in _shards_in(os.path.join(glob.escape(name), "*")))
         elif glob.has_magic(name):

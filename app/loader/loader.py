@@ -493,6 +493,11 @@ class StagingLoader:
         it = ref() if ref is not None else None
         if it is not None:
             it.loader_closed()
+        if self._finalizer.alive and self._epochs.finished:
+            try:  # nothing left to resume: the sampler need keep nothing for this rank (a lease mid-epoch stays)
+                self.source.released(self.rank.rank)
+            except OSError as exc:
+                log.warning("cannot end the reader lease in %s: %s", self.source.describe(), exc)
         self._finalizer()
 
     def __enter__(self) -> "StagingLoader":

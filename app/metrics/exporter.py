@@ -10,11 +10,11 @@ import errno
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .catalog import MetricDef
+from .httpserve import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, BoundedHandler, BoundedHTTPServer
 from .sink import PrometheusSink
 
 log = logging.getLogger("feedline.metrics")
@@ -25,17 +25,19 @@ class MetricsPortError(RuntimeError):
 
 
 class MetricsServer:
-    """Serves one registry; ``ready()`` returns (ready, reason) for /readyz (settable once the process is up)."""
+    """Serves one registry; ``ready()`` returns (ready, reason) for /readyz (settable once the process is up).
+
+    A client has ``timeout`` seconds to send each request; at most ``max_connections`` connections hold a
+    thread, idle ones giving way to new ones (``httpserve.py``), so no client can lock Prometheus out."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int,
-                 ready: Callable[[], tuple[bool, str]] | None = None, setting: str = "--metrics-port"):
+                 ready: Callable[[], tuple[bool, str]] | None = None, setting: str = "--metrics-port", *,
+                 timeout: float = DEFAULT_TIMEOUT, max_connections: int = DEFAULT_MAX_CONNECTIONS):
         self.registry = registry
         self.ready: Callable[[], tuple[bool, str]] = ready or (lambda: (True, "ok"))
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(BoundedHandler):
             def do_GET(self) -> None:  # noqa: N802
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
@@ -55,17 +57,14 @@ class MetricsServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
         try:
-            self._server = ThreadingHTTPServer((host, port), Handler)
+            self._server = BoundedHTTPServer((host, port), Handler, timeout=timeout,
+                                             max_connections=max_connections, name="feedline-metrics")
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise MetricsPortError(f"metrics port {port} on {host} is already in use: pick another with "
                                        f"{setting} (0 picks a free port)") from None
             raise MetricsPortError(f"cannot serve metrics on {host}:{port} ({exc.strerror}); set {setting}") from None
-        self._server.daemon_threads = True
         self.host, self.port = self._server.server_address[:2]
         self._thread = threading.Thread(target=self._server.serve_forever, name="feedline-metrics", daemon=True)
         self._thread.start()
@@ -88,9 +87,11 @@ class Exporter:
 
     def __init__(self, catalog: tuple[MetricDef, ...], host: str, port: int, *,
                  const_labels: Mapping[str, str] | None = None, setting: str = "--metrics-port",
-                 ready: Callable[[], tuple[bool, str]] | None = None, parts: tuple[str, ...] | None = None):
+                 ready: Callable[[], tuple[bool, str]] | None = None, parts: tuple[str, ...] | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, max_connections: int = DEFAULT_MAX_CONNECTIONS):
         self.sink = PrometheusSink(catalog, const_labels, parts=parts)
-        self.server = MetricsServer(self.sink.registry, host, port, ready, setting=setting)
+        self.server = MetricsServer(self.sink.registry, host, port, ready, setting=setting, timeout=timeout,
+                                    max_connections=max_connections)
 
     @property
     def port(self) -> int:

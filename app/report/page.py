@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import __version__
+from ..formats.urls import redact
 from .collect import PanelData
 
 # Grafana's units, as axis formats.
@@ -144,7 +145,7 @@ def render(panels: Sequence[PanelData], start: float, end: float, source: str, s
     if row is not None:
         sections.append("</div>")
     meta = (f"{_when(start)} to {_when(end)} ({end - start:.0f} s, a point every {step:g} s) from Prometheus at "
-            f"{html.escape(source)}; feedline {html.escape(__version__)}; made {_when(dt.datetime.now().timestamp())}")
+            f"{html.escape(redact(source))}; feedline {html.escape(__version__)}; made {_when(dt.datetime.now().timestamp())}")
     return (f"<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style><script>{_HEAD_SCRIPT}</script>"
             f"<script>{get_plotlyjs()}</script></head>\n"

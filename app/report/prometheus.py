@@ -11,6 +11,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from ..formats.urls import redact, redact_text
 from ..metrics.grafana import parse_duration
 
 
@@ -32,6 +33,7 @@ class PrometheusAPI:
 
     def __init__(self, url: str, timeout: float = 30.0):
         self.url = url.rstrip("/")
+        self.shown = redact(self.url)  # what errors say: a user or a token in the URL stays out of them
         self.timeout = timeout
 
     def _get(self, path: str, **params: Any) -> Any:
@@ -43,12 +45,12 @@ class PrometheusAPI:
             try:
                 doc = json.load(exc)
             except ValueError:
-                raise PrometheusError(f"Prometheus at {self.url}: HTTP {exc.code} for {path}") from None
+                raise PrometheusError(f"Prometheus at {self.shown}: HTTP {exc.code} for {path}") from None
         except (OSError, ValueError) as exc:
-            raise PrometheusError(f"Prometheus at {self.url} did not answer ({exc}); is it running? "
-                                  f"(--prometheus URL)") from None
+            raise PrometheusError(f"Prometheus at {self.shown} did not answer ({redact_text(str(exc))}); is it "
+                                  f"running? (--prometheus URL)") from None
         if doc.get("status") != "success":
-            raise PrometheusError(f"Prometheus at {self.url} refused {params.get('query', path)!r}: "
+            raise PrometheusError(f"Prometheus at {self.shown} refused {params.get('query', path)!r}: "
                                   f"{doc.get('error', doc)}")
         return doc["data"]
 

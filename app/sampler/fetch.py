@@ -19,11 +19,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..formats.urls import is_remote
+from ..formats.urls import is_remote, redact
 from .errors import FETCH_ERRORS, FetchAborted, FetchError
-from .http import CHUNK, DENIED_FIX, HttpTransport, space_error
+from .auth import auth_headers, auth_origins
+from .http import CHUNK, DENIED_FIX, MAX_INDEX_BYTES, HttpTransport, space_error
 from .ratelimit import RateLimiter
 from .s3 import S3Client, S3Error
+from .settings import SidecarSettings
 from .sources import SourceError, SourceShard
 
 log = logging.getLogger("feedline.sampler")
@@ -47,9 +49,10 @@ class Fetcher:
     def __init__(self, timeout: float, retries: int, stop: threading.Event, limiter: RateLimiter,
                  backoff: float = 0.5, min_rate: float = 0.0, auth: Callable[[], dict[str, str]] | None = None,
                  ca_file: str | None = None, on_error: Callable[[str], None] | None = None, threads: int = 4,
-                 auth_origins: frozenset[tuple[str, str, int]] = frozenset()):
+                 auth_origins: frozenset[tuple[str, str, int]] = frozenset(), max_index_bytes: int = MAX_INDEX_BYTES):
         self.on_error = on_error or (lambda reason: None)  # every failed attempt, retried or not
         self.timeout = timeout
+        self.max_index_bytes = max_index_bytes
         self.retries = retries
         self.backoff = backoff
         self.stop = stop
@@ -58,6 +61,14 @@ class Fetcher:
         self._threads = threads
         self._s3: S3Client | None = None
         self._s3_lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, s: SidecarSettings, stop: threading.Event,
+                      on_error: Callable[[str], None] | None = None) -> "Fetcher":
+        """The sidecar's fetcher, every knob from its settings: a new fetch setting needs no change in the sidecar."""
+        return cls(s.fetch_timeout, s.retries, stop, RateLimiter(s.max_mbps * 1e6), min_rate=s.fetch_min_mbps * 1e6,
+                   auth=auth_headers(s.auth_header, s.auth_header_file), on_error=on_error, threads=s.fetch_threads,
+                   auth_origins=auth_origins(s.source, s.auth_extra_hosts), max_index_bytes=s.max_index_bytes)
 
     @property
     def s3(self) -> S3Client:
@@ -79,16 +90,21 @@ class Fetcher:
     # -- small requests ---------------------------------------------------------------------
 
     def text(self, url: str) -> str:
-        """A remote index file."""
+        """A remote index file, at most ``max_index_bytes`` of it; SourceError naming the URL (redacted)."""
+        too_large = (f"index {redact(url)} is larger than max_index_bytes={self.max_index_bytes} bytes: raise "
+                     f"max_index_bytes (--max-index-bytes / FEEDLINE_MAX_INDEX_BYTES) if it really is that large")
         if url.startswith("s3://"):
             try:
-                return self.s3.text(url)
+                return self.s3.text(url, self.max_index_bytes)
             except S3Error as exc:
-                raise SourceError(f"index {exc}") from None
-        status, reason, _, body = self.http.request("GET", url)
+                raise SourceError(too_large if exc.reason == "too_large" else f"index {exc}") from None
+        try:
+            status, reason, _, body = self.http.request("GET", url, max_body=self.max_index_bytes)
+        except FetchError as exc:
+            raise SourceError(too_large if exc.reason == "too_large" else f"index {redact(url)}: {exc}") from None
         if status != 200:
-            raise SourceError(f"index {url}: HTTP {status} {reason}" + (f": {DENIED_FIX}" if status in (401, 403)
-                                                                         else ""))
+            raise SourceError(f"index {redact(url)}: HTTP {status} {reason}" + (
+                f": {DENIED_FIX}" if status in (401, 403) else ""))
         return body.decode()
 
     def size(self, url: str, timeout: float) -> int | None:
@@ -98,16 +114,17 @@ class Fetcher:
                 return self.s3.size(url)
             except S3Error as exc:
                 raise FetchError(exc.reason, str(exc), exc.retry) from None
+        shown = redact(url)
         try:
             status, reason, length, _ = self.http.request("HEAD", url, timeout)
         except TimeoutError:
-            raise FetchError("timeout", f"{url}: no answer within {timeout:.0f} s", retry=True) from None
+            raise FetchError("timeout", f"{shown}: no answer within {timeout:.0f} s", retry=True) from None
         except OSError as exc:
-            raise FetchError("connection", f"{url} is unreachable ({exc})", retry=True) from None
+            raise FetchError("connection", f"{shown} is unreachable ({exc})", retry=True) from None
         if status in (401, 403):
-            raise FetchError("denied", f"{url}: HTTP {status} {reason}: {DENIED_FIX}", retry=False)
+            raise FetchError("denied", f"{shown}: HTTP {status} {reason}: {DENIED_FIX}", retry=False)
         if status in (404, 410):
-            raise FetchError("http_status", f"{url}: HTTP {status} {reason}", retry=False)
+            raise FetchError("http_status", f"{shown}: HTTP {status} {reason}", retry=False)
         return int(length) if status == 200 and length and length.isdigit() else None
 
     # -- one shard ------------------------------------------------------------------------
@@ -128,7 +145,7 @@ class Fetcher:
                         or (exc.retry_after or 0) > MAX_RETRY_AFTER):
                     raise
                 delay = max(self.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5), exc.retry_after or 0)
-                log.info("%s: %s; retry %d of %d in %.1f s", shard.url, exc, attempt, self.retries, delay)
+                log.info("%s: %s; retry %d of %d in %.1f s", shard.shown, exc, attempt, self.retries, delay)
                 if self.stop.wait(delay):
                     raise FetchAborted() from None
             except BaseException:
@@ -171,7 +188,7 @@ class Fetcher:
         try:
             size = os.path.getsize(shard.url)
         except OSError as exc:
-            raise FetchError("connection", f"cannot read {shard.url}: {exc.strerror}", retry=False) from None
+            raise FetchError("connection", f"cannot read {shard.shown}: {exc.strerror}", retry=False) from None
         if size > max_bytes:
             raise FetchError("too_large", f"{size} bytes, larger than the budget {max_bytes}; raise --budget",
                              retry=False)

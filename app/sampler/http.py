@@ -8,6 +8,8 @@
   ``--speed-limit``/``--speed-time``); a socket silent for ``timeout`` seconds too.
 - ``Retry-After`` on 429/503 tells the retry when to come back.
 - ``abort()`` shuts every open socket, so a stop never waits on a stalled read.
+- What a store answers is bounded before it is held: an index body by ``max_index_bytes``, a shard by
+  the budget; an error answer's body is never read (the connection is closed instead).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import email.utils
 import errno
 import hashlib
 import http.client
+import io
 import logging
 import os
 import socket
@@ -27,7 +30,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from ..formats.urls import expand, is_index, is_remote, parse_index
+from ..formats.files import create_new
+from .auth import origin
 from .errors import FetchAborted, FetchError
 from .ratelimit import RateLimiter
 from .sources import SourceShard
@@ -35,7 +39,9 @@ from .sources import SourceShard
 log = logging.getLogger("feedline.sampler")
 
 CHUNK = 1 << 20
+MAX_INDEX_BYTES = 256 << 20  # an index of a million shards with their sha256 and size takes ~150 MB
 USER_AGENT = "feedline-sampler"
+STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)  # a kept-alive connection closed
 DENIED_FIX = ("the store refuses us: give the header it expects with auth_header (FEEDLINE_AUTH_HEADER) or "
               "auth_header_file (FEEDLINE_AUTH_HEADER_FILE), or fix the URL's signature")
 
@@ -86,21 +92,24 @@ class HttpTransport:
         path = u.path + (f"?{u.query}" if u.query else "")
         proxy = urllib.request.getproxies().get(u.scheme)
         if proxy and not urllib.request.proxy_bypass(u.hostname or ""):
-            return proxy, (urllib.parse.urlunsplit(u) if u.scheme == "http" else path)
+            bare = u._replace(netloc=u.netloc.rpartition("@")[2])  # a user:password@ is not the proxy's to see
+            return proxy, (urllib.parse.urlunsplit(bare) if u.scheme == "http" else path)
         return None, path
 
     def _connect(self, u: urllib.parse.SplitResult, proxy: str | None, timeout: float) -> http.client.HTTPConnection:
+        """A connection to the URL's host and port (or the proxy's): never its netloc, whose ``user:password@``
+        http.client would take for a port and quote in its error."""
         if proxy is None:
             if u.scheme == "https":
-                return http.client.HTTPSConnection(u.netloc, timeout=timeout, context=self._ssl)
-            return http.client.HTTPConnection(u.netloc, timeout=timeout)
+                return http.client.HTTPSConnection(u.hostname or "", u.port, timeout=timeout, context=self._ssl)
+            return http.client.HTTPConnection(u.hostname or "", u.port, timeout=timeout)
         p = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
         if u.scheme == "https":
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(p.netloc, timeout=timeout,
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(p.hostname or "", p.port, timeout=timeout,
                                                                           context=self._ssl)
             conn.set_tunnel(u.hostname or "", u.port or 443)
             return conn
-        return http.client.HTTPConnection(p.netloc, timeout=timeout)
+        return http.client.HTTPConnection(p.hostname or "", p.port, timeout=timeout)
 
     def _conn(self, u: urllib.parse.SplitResult, proxy: str | None) -> http.client.HTTPConnection:
         pool: dict = self._local.__dict__.setdefault("pool", {})
@@ -155,18 +164,27 @@ class HttpTransport:
         """One attempt at ``shard`` into ``dest``; its size. Raises FetchError or FetchAborted."""
         u = urllib.parse.urlsplit(shard.url)
         proxy, target = self._route(u)
+        for fresh in (False, True):
+            reused = False
+            try:
+                conn = self._conn(u, proxy)
+                reused = conn.sock is not None  # connected by an earlier request: kept alive since
+                conn.request("GET", target, headers=self._headers(u))
+                resp = conn.getresponse()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                # a kept-alive connection the store closed while it idled (stores time idle ones out): once more on
+                # a new one, uncounted; a new connection that fails is the store's failure
+                if not fresh and reused and isinstance(exc, STALE) and not self.stop.is_set():
+                    self._drop(u, proxy)
+                    continue
+                raise self._broken(exc, u, proxy, answered=False) from None
         try:
-            conn = self._conn(u, proxy)
-            conn.request("GET", target, headers=self._headers(u))
-            resp = conn.getresponse()
-        except (OSError, http.client.HTTPException) as exc:
-            raise self._broken(exc, u, proxy, answered=False) from None
-        try:
+            # an error answer's body is never read: the connection is dropped below instead (a store may answer an
+            # endless one; S3's SignatureDoesNotMatch body quotes the canonical request, a presigned query in it)
             if resp.status in (401, 403):
-                resp.read()
                 raise FetchError("denied", f"HTTP {resp.status} {resp.reason}: {DENIED_FIX}", retry=False)
             if resp.status != 200:
-                resp.read()
                 raise FetchError("http_status", f"HTTP {resp.status} {resp.reason}",
                                  retry=resp.status >= 500 or resp.status == 429,
                                  retry_after=_retry_after(resp.getheader("Retry-After")))
@@ -208,7 +226,7 @@ class HttpTransport:
         A/B on this machine's loopback: 1.6-2.1 GB/s against 1.2-1.9 writing into an empty file, and
         0.5-0.8 reading into a mapping of the file)."""
         digest = hashlib.sha256() if shard.sha256 else None
-        with open(dest, "wb") as f:
+        with create_new(dest) as f:  # never a file that was there, never through a link
             if length:
                 try:
                     os.posix_fallocate(f.fileno(), 0, length)
@@ -260,15 +278,28 @@ class HttpTransport:
 
     # -- small requests ---------------------------------------------------------------------
 
-    def request(self, method: str, url: str, timeout: float | None = None) -> tuple[int, str, str | None, bytes]:
-        """One request on its own connection: (status, reason, Content-Length, body)."""
+    def request(self, method: str, url: str, timeout: float | None = None,
+                max_body: int = 0) -> tuple[int, str, str | None, bytes]:
+        """One request on its own connection: (status, reason, Content-Length, body).
+
+        The body is read from a 200 answer only, and at most ``max_body`` bytes of it (0: none): one longer,
+        announced or streamed, is a FetchError ``too_large``; a slow one meets the speed floor as a shard does.
+        An error answer's body is never read: the connection is closed, so an endless one costs nothing.
+        """
         u = urllib.parse.urlsplit(url)
         proxy, target = self._route(u)
         conn = self._connect(u, proxy, timeout or self.timeout)
         try:
             conn.request(method, target, headers=self._headers(u))
             resp = conn.getresponse()
-            return resp.status, resp.reason, resp.getheader("Content-Length"), resp.read()
+            length = resp.getheader("Content-Length")
+            if method == "HEAD" or resp.status != 200 or max_body <= 0:
+                return resp.status, resp.reason, length, b""
+            if length is not None and length.isdigit() and int(length) > max_body:
+                raise FetchError("too_large", f"{length} bytes, over {max_body}", retry=False)
+            body = io.BytesIO()
+            self._pump(resp, memoryview(bytearray(min(CHUNK, max_body + 1))), body, None, max_body)
+            return resp.status, resp.reason, length, body.getvalue()
         finally:
             conn.close()
 
@@ -293,43 +324,3 @@ def _read_some(resp: http.client.HTTPResponse, buf: memoryview) -> int:
         raise http.client.IncompleteRead(b"", resp.length)
     resp.length -= k
     return k
-
-
-def origin(u: urllib.parse.SplitResult) -> tuple[str, str, int]:
-    """(scheme, host, port) of a URL: what a credential is tied to (curl's and requests' rule)."""
-    return u.scheme, (u.hostname or "").lower(), u.port or (443 if u.scheme == "https" else 80)
-
-
-def auth_origins(source: str) -> frozenset[tuple[str, str, int]]:
-    """Where the source's auth header may go: the origins of the HTTP(S) URLs the source setting names, and of
-    those a local index file it names lists (the user's own file, as trusted as the setting; a remote index is
-    not)."""
-    urls = []
-    for name in expand(source.strip()):
-        if name.startswith(("http://", "https://")):
-            urls.append(name)
-        elif not is_remote(name) and is_index(name) and os.path.isfile(name):
-            with open(name) as f:
-                urls += [e.url for e in parse_index(f.read(), os.path.abspath(name))]
-    return frozenset(origin(urllib.parse.urlsplit(u)) for u in urls if u.startswith(("http://", "https://")))
-
-
-def auth_headers(header: str, header_file: str) -> Callable[[], dict[str, str]]:
-    """The auth header as settings give it: a ``Name: value`` line, or a file holding one (or a bare token)."""
-
-    def parse(line: str) -> dict[str, str]:
-        line = line.strip()
-        if not line:
-            return {}
-        name, sep, value = line.partition(":")
-        if sep and name and " " not in name.strip():
-            return {name.strip(): value.strip()}
-        return {"Authorization": f"Bearer {line}"}
-
-    if header_file:
-        def from_file() -> dict[str, str]:
-            with open(header_file) as f:  # read at each request: a mounted Secret may rotate
-                return parse(f.read())
-        return from_file
-    fixed = parse(header)
-    return lambda: fixed

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ..cache.mix import MixPart, part_dir, write_mix
 from ..cache.mix_items import MixSyntaxError, parse_items
+from ..cache.ownership import CacheDirError, claim_cache_dir
 from ..errors import SettingError
 from ..preflight import fmt_bytes, fs_space
 from ..sink import Labelled, NullSink, StatsSink
@@ -96,7 +97,10 @@ class MixedSidecar:
             if b <= 0:
                 raise SettingError("source", f"source {s.name!r} gets no budget (weight {s.weight}): give it a "
                                              f"weight above 0 or leave it out")
-        os.makedirs(self.cache_dir, exist_ok=True)
+        try:  # the mixed cache's root holds every source's part: this user's own, as each part is
+            claim_cache_dir(self.cache_dir, ())
+        except CacheDirError as exc:
+            raise SettingError("cache", str(exc)) from None
         _, free = fs_space(self.cache_dir)
         cached = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(self.cache_dir)
                      for f in files)

@@ -20,6 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..formats.files import create_new
+from ..formats.urls import redact, redact_text
+
 log = logging.getLogger("feedline.sampler")
 
 SCHEME = "s3://"
@@ -86,6 +89,8 @@ class S3Client:
     # -- errors ---------------------------------------------------------------------------------------
 
     def _explain(self, exc: BaseException, what: str) -> S3Error:
+        """``exc`` as a person can act on it; ``what`` (a URL) and anything of the exception's text that quotes
+        one are redacted (a presigned endpoint, a user in it: ``formats.urls.redact``)."""
         from botocore.exceptions import (
             ClientError,
             ConnectTimeoutError,
@@ -95,6 +100,7 @@ class S3Client:
             ReadTimeoutError,
         )
 
+        what, endpoint, said = redact_text(what), redact(self.endpoint or ""), redact_text(str(exc))
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return S3Error("no_space", f"{what}: the cache filesystem is full ({exc.strerror}); it is tried again "
                                        f"later", retry=False)
@@ -103,22 +109,23 @@ class S3Client:
                                      f"(a Kubernetes Secret), AWS_PROFILE, or give the pod an IAM role",
                            retry=False)
         if isinstance(exc, EndpointConnectionError):
-            return S3Error("connection", f"{what}: the endpoint {self.endpoint} is unreachable ({exc}); set "
+            return S3Error("connection", f"{what}: the endpoint {endpoint} is unreachable ({said}); set "
                                          f"AWS_ENDPOINT_URL for a store that is not AWS", retry=True)
         if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError)):
-            return S3Error("timeout", f"{what}: {exc}", retry=True)
+            return S3Error("timeout", f"{what}: {said}", retry=True)
         if isinstance(exc, ClientError):
             code = str(exc.response.get("Error", {}).get("Code", ""))
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
             if code in ("NoSuchBucket",):
-                return S3Error("http_status", f"{what}: no such bucket at {self.endpoint}", retry=False)
+                return S3Error("http_status", f"{what}: no such bucket at {endpoint}", retry=False)
             if code in ("NoSuchKey", "404", "NotFound"):
                 return S3Error("http_status", f"{what}: no such key", retry=False)
             if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
                 return S3Error("denied", f"{what}: access denied ({code}): check the credentials and the bucket "
                                          f"policy", retry=False)
-            return S3Error("http_status", f"{what}: {code or status} {exc}", retry=status >= 500 or status == 429)
-        return S3Error("connection", f"{what}: {type(exc).__name__}: {exc}", retry=True)
+            return S3Error("http_status", f"{what}: {code or status} {said}",
+                           retry=status >= 500 or status == 429)
+        return S3Error("connection", f"{what}: {type(exc).__name__}: {said}", retry=True)
 
     # -- requests -----------------------------------------------------------------------------------
 
@@ -145,15 +152,33 @@ class S3Client:
             except Exception as exc:
                 code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
                 if code in ("404", "NoSuchBucket"):
-                    error = S3Error("http_status", f"s3://{bucket}: no such bucket at {self.endpoint}", retry=False)
+                    error = S3Error("http_status", f"s3://{bucket}: no such bucket at {redact(self.endpoint or '')}",
+                                    retry=False)
         raise error
 
-    def text(self, url: str) -> str:
+    def text(self, url: str, max_bytes: int) -> str:
+        """An object's text (an index), at most ``max_bytes`` of it: one larger, announced or streamed, is an
+        S3Error ``too_large`` and no more of it is read."""
         bucket, key = split(url)
         try:
-            return self._client.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+            obj = self._client.get_object(Bucket=bucket, Key=key)
         except Exception as exc:
             raise self._explain(exc, url) from None
+        body = obj["Body"]
+        try:
+            if int(obj.get("ContentLength") or 0) > max_bytes:
+                raise S3Error("too_large", f"{redact(url)}: {obj['ContentLength']} bytes, over {max_bytes}",
+                              retry=False)
+            data = body.read(max_bytes + 1)
+            if len(data) > max_bytes:
+                raise S3Error("too_large", f"{redact(url)}: over {max_bytes} bytes", retry=False)
+            return data.decode()
+        except S3Error:
+            raise
+        except Exception as exc:
+            raise self._explain(exc, url) from None
+        finally:
+            body.close()
 
     def download(self, url: str, dest: str, progress: Callable[[int], None]) -> int:
         """Fetch an object into ``dest`` (ranged, parallel GETs when large); ``progress(bytes)`` may raise to stop.
@@ -171,7 +196,7 @@ class S3Client:
             progress(n)
 
         try:
-            with open(dest, "wb") as f:
+            with create_new(dest) as f:  # never a file that was there, never through a link
                 self._client.download_fileobj(bucket, key, f, Config=self._transfer, Callback=callback)
         except Exception as exc:
             if type(exc).__module__.startswith(_OURS):  # the progress callback's own (a stop, a budget)

@@ -7,10 +7,12 @@ builds one from flags and ``FEEDLINE_*`` variables.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..cache.readers import TOUCH_EVERY
 from ..errors import SettingError
+from .auth import parse_auth_hosts
+from .http import MAX_INDEX_BYTES
 
 DEFAULT_CACHE = "/dev/shm/feedline"
 POLICIES = ("grow", "fill")
@@ -34,8 +36,10 @@ class SidecarSettings:
     fetch_min_mbps: float = 0.01
     retries: int = 3
     retry_max_seconds: float = 300.0
-    auth_header: str = ""
+    auth_header: str = field(default="", repr=False)  # a credential: never in a repr, a log or an error
     auth_header_file: str = ""
+    auth_extra_hosts: str = ""  # origins besides the source's own that the auth header may go to (http.py)
+    max_index_bytes: int = MAX_INDEX_BYTES
     partition_index: int = 0
     partition_count: int = 1
     seed: int = 0
@@ -51,7 +55,7 @@ class SidecarSettings:
             ("max_mbps", 0, None), ("fetch_timeout", 0.1, None), ("fetch_min_mbps", 0, None), ("retries", 0, None),
             ("retry_max_seconds", 1, None), ("partition_index", 0, None),
             ("partition_count", 1, None), ("seed", 0, None), ("min_shards", 1, None),
-            ("reader_lease", 0, None))
+            ("reader_lease", 0, None), ("max_index_bytes", 1, None))
         for name, low, high in checks:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
@@ -67,6 +71,10 @@ class SidecarSettings:
         if self.auth_header_file and not os.path.isfile(self.auth_header_file):
             raise SettingError("auth_header_file", f"{self.auth_header_file} is not a file (mount the Secret holding "
                                                    f"the header or token there)")
+        try:
+            parse_auth_hosts(self.auth_extra_hosts)
+        except ValueError as exc:
+            raise SettingError("auth_extra_hosts", str(exc)) from None
         if self.partition_index >= self.partition_count:
             raise SettingError("partition_index", f"{self.partition_index} is not below partition_count="
                                                   f"{self.partition_count}")

@@ -18,16 +18,16 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ..cache.readers import leased_ids, read_readers
-from ..cache.store import BudgetError, CacheDirError, CacheStore
+from ..cache.readers import leased_ids, read_readers, remove_stale
+from ..cache.ownership import claim_cache_dir
+from ..cache.store import CACHE_FOLDERS, BudgetError, CacheDirError, CacheStore
 from ..errors import SettingError
 from ..formats.compressed import TooLarge, decompress
 from ..formats.shard_index import ShardError
-from ..formats.urls import IndexEntry, is_remote
+from ..formats.urls import IndexEntry, is_remote, redact
 from ..preflight import check_memory_for, fmt_bytes, fs_space
 from ..sink import NullSink, StatsSink
-from .fetch import FetchAborted, Fetcher, FetchError, RateLimiter
-from .http import auth_headers, auth_origins
+from .fetch import FetchAborted, Fetcher, FetchError
 from .policy import FillPolicy, GrowPolicy, Policy, shard_plan
 from .s3 import S3Error
 from .schedule import RetrySchedule
@@ -38,6 +38,7 @@ log = logging.getLogger("feedline.sampler")
 
 PROBE_SHARDS = 8  # remote shards whose size is checked against the budget at start-up
 PROBE_TIMEOUT = 10.0  # seconds one of those may take: the probe asks whether the store is up, not every shard
+READER_STALE = 600.0  # seconds without a touch after which a reader's files go, where leases are off
 RELEASE_EVERY = 5.0  # seconds between looks at the readers' leases (expiry) for evicted shards kept on disk
 PROCESS_MEMORY = 128 << 20  # the sidecar's own memory, on top of the cache it writes
 
@@ -51,10 +52,8 @@ class Sidecar:
         self.cache_dir = os.path.abspath(s.cache)
         self.stop_event = threading.Event()
         self._wake = threading.Event()  # a fetch ended or a stop: the loop hands out the next shard at once
-        self.fetcher = Fetcher(s.fetch_timeout, s.retries, self.stop_event, RateLimiter(s.max_mbps * 1e6),
-                               min_rate=s.fetch_min_mbps * 1e6, auth=auth_headers(s.auth_header, s.auth_header_file),
-                               on_error=lambda reason: self.sink.inc("fetch_errors_total", reason=reason),
-                               threads=s.fetch_threads, auth_origins=auth_origins(s.source))
+        self.fetcher = Fetcher.from_settings(s, self.stop_event,
+                                             on_error=lambda reason: self.sink.inc("fetch_errors_total", reason=reason))
         self.shards = self._list_source()
         self._check_budget()
         try:
@@ -62,7 +61,7 @@ class Sidecar:
                                     on_evict=lambda e: self.sink.inc("cache_evictions_total"),
                                     source_ids=frozenset(x.id for x in self.shards),
                                     leased=(lambda: leased_ids(self.cache_dir, s.reader_lease)) if s.reader_lease > 0
-                                    else None)
+                                    else None, retain_bytes=self.retain_room())
         except CacheDirError as exc:
             raise SettingError("cache", str(exc)) from None
         self.policy: Policy = (GrowPolicy(s.initial_shards, s.grow_shards, s.replace_fraction)
@@ -92,12 +91,12 @@ class Sidecar:
         except SourceError as exc:
             raise SettingError("source", str(exc)) from None
         except (OSError, FetchError) as exc:
-            raise SettingError("source", f"{s.source!r} is unreachable: {exc}") from None
+            raise SettingError("source", f"{redact(s.source)!r} is unreachable: {exc}") from None
         if s.partition_count > 1:
             shards = shards[s.partition_index::s.partition_count]
             log.info("node partition %d of %d", s.partition_index, s.partition_count)
         if not shards:
-            raise SettingError("source", f"{s.source!r} lists no shard"
+            raise SettingError("source", f"{redact(s.source)!r} lists no shard"
                                          + (" for this partition" if s.partition_count > 1 else ""))
         self._largest_seen = self._probe([x for x in shards if is_remote(x.url)][:PROBE_SHARDS]) or max(
             (x.size or 0 for x in shards), default=0)
@@ -140,14 +139,15 @@ class Sidecar:
         if self._largest_seen and budget < self._largest_seen:
             raise SettingError("budget", f"{fmt_bytes(budget)} is smaller than a shard of "
                                          f"{fmt_bytes(self._largest_seen)}: set it to at least a few shards' worth")
-        os.makedirs(self.cache_dir, exist_ok=True)
+        try:  # before anything in it is read: the cache must be this user's (cache/ownership.py)
+            claim_cache_dir(self.cache_dir, CACHE_FOLDERS)
+        except CacheDirError as exc:
+            raise SettingError("cache", str(exc)) from None
         cached = 0
         for root, _, files in os.walk(self.cache_dir):
             cached += sum(os.path.getsize(os.path.join(root, f)) for f in files)
-        # downloads in flight, and (grow) the replaced shards a running epoch still holds open
-        in_flight = self._largest_seen * s.fetch_threads
-        if s.policy == "grow":
-            in_flight += int(budget * s.replace_fraction)
+        # downloads in flight, and the evicted shards kept for readers' leases (or held open by a running epoch)
+        in_flight = self._largest_seen * s.fetch_threads + self.retain_room()
         size, free = fs_space(self.cache_dir)
         if free + cached < budget + in_flight:
             raise SettingError(
@@ -160,6 +160,24 @@ class Sidecar:
         mem = check_memory_for("the cache", max(0, budget + in_flight - cached) + PROCESS_MEMORY)
         if mem.ok is False:
             raise SettingError("budget", f"{mem.detail}; {mem.fix}")
+
+    def retain_room(self) -> int:
+        """Bytes the evicted shards that readers' leases keep may take beyond the budget: the replaced fraction of
+        the budget, and at least two shards (one publish's victims). The store makes a publish wait rather than
+        keep more, so the shards on disk stay within the budget plus this; the start-up check counts it."""
+        s = self.settings
+        if s.reader_lease <= 0:
+            return 0
+        return max(int(s.budget * s.replace_fraction), 2 * self._largest_seen)
+
+    def _decompress_room(self) -> int:
+        """What one decompression may write: never more than the budget, nor into the room the cache may still
+        grow into (the budget's unfilled part and the retain room) — shared by the downloads in flight."""
+        s = self.settings
+        _, free = fs_space(self.cache_dir)
+        reserved = (max(0, s.budget - self.store.total_bytes)
+                    + max(0, self.retain_room() - self.store.retained_bytes))
+        return max(0, min(s.budget, (free - reserved) // s.fetch_threads))
 
     def _reconcile(self) -> None:
         """The cache as this source has it, before anyone can ask ``ready()`` (the face serves /readyz from it once
@@ -209,11 +227,11 @@ class Sidecar:
         plain = partial + ".plain"
         try:
             result = self.fetcher.fetch(shard, partial, self.settings.budget)
+            self.sink.inc("fetch_bytes_total", result.bytes)  # fetched, whatever becomes of them; before the publish
             if shard.compression is not None:  # published as the tar (or records) it holds: workers map plain files
-                decompress(partial, plain, shard.compression, self.settings.budget, self.stop_event.is_set)
+                decompress(partial, plain, shard.compression, self._decompress_room(), self.stop_event.is_set)
                 os.replace(plain, partial)
-            self.store.publish(shard.id, partial, shard.url, shard.sha256, shard.format)
-            self.sink.inc("fetch_bytes_total", result.bytes)
+            self.store.publish(shard.id, partial, shard.shown, shard.sha256, shard.format, self.stop_event.is_set)
             self.sink.observe("fetch_seconds", result.seconds)
             self.schedule.succeeded(shard.id)
             self.fetched += 1
@@ -242,7 +260,7 @@ class Sidecar:
 
     def _again(self, shard: SourceShard, why: str, store_down: bool, at_least: float = 0.0) -> None:
         delay = self.schedule.failed(shard.id, store_down, time.monotonic(), at_least)
-        log.warning("%s failed: %s; trying it again in %.0f s", shard.url, why, delay)
+        log.warning("%s failed: %s; trying it again in %.0f s", shard.shown, why, delay)
 
     def _dispatch(self, pool: ThreadPoolExecutor) -> None:
         with self._lock:
@@ -295,6 +313,7 @@ class Sidecar:
                 moved = tuple((r.rank, r.epoch, r.updated_at) for r in readers)
                 if moved != last_moved or time.monotonic() - released >= RELEASE_EVERY:
                     self.store.release()  # evicted shards kept for a reader's epoch, once no lease names them
+                    self._drop_stale_readers()
                     released, last_moved = time.monotonic(), moved
                 self._report()
                 self._wake.wait(0.1)
@@ -304,9 +323,17 @@ class Sidecar:
             pool.shutdown(wait=True, cancel_futures=True)
             for p in os.listdir(self.store.partial_dir):
                 os.unlink(os.path.join(self.store.partial_dir, p))
+            self._drop_stale_readers()
             self._report()
         log.info("stopped: %d shards cached (%s)", len(self.store.entries), fmt_bytes(self.store.total_bytes))
         return 0
+
+    def _drop_stale_readers(self) -> None:
+        """A killed trainer's reader files go once stale (``reader_lease``, else READER_STALE, without a touch)."""
+        gone = remove_stale(self.cache_dir, self.settings.reader_lease or READER_STALE)
+        if gone:
+            log.info("removed the reader files of rank(s) %s: not touched for %.0f s", ", ".join(map(str, gone)),
+                     self.settings.reader_lease or READER_STALE)
 
     def stop(self) -> None:
         """Stop within seconds: downloads in flight are cut (their sockets shut) and discarded."""

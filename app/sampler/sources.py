@@ -32,9 +32,9 @@ from ..formats.urls import (
     is_shard,
     local_shards,
     parse_index,
+    redact,
     shard_stem,
 )
-
 
 
 class SourceError(ValueError):
@@ -49,6 +49,12 @@ class SourceShard:
     id: str  # the cache id: shards/<id>.tar (.tfrecord, .parquet: cache.manifest.SUFFIXES)
     sha256: str = ""
     size: int | None = None  # of the file as fetched (compressed, for a compressed shard)
+
+    @property
+    def shown(self) -> str:
+        """The URL as logs, errors and ``manifest.json`` show it: a presigned query's values and any userinfo
+        ``REDACTED`` (``formats.urls.redact``); the host and path, which say which shard it is, kept."""
+        return redact(self.url)
 
     @property
     def format(self) -> str:
@@ -86,8 +92,8 @@ def list_shards(source: str, fetch_text: Callable[[str], str] | None = None,
         raise SourceError("source is empty: set --source / FEEDLINE_SOURCE to a URL pattern, an index file or a path")
     if re.match(r"^[a-z][a-z0-9+.-]*:", source) and not source.startswith(("http://", "https://", "s3://",
                                                                             "file://")):
-        raise SourceError(f"source {source!r}: only http(s)://, s3://, file:// and local paths are supported "
-                          f"(no pipe: or shell sources)")
+        raise SourceError(f"source {redact(source)!r}: only http(s)://, s3://, file:// and local paths are "
+                          f"supported (no pipe: or shell sources)")
     entries: list[IndexEntry] = []
     try:
         names = expand(source)
@@ -98,19 +104,19 @@ def list_shards(source: str, fetch_text: Callable[[str], str] | None = None,
                 entries.append(IndexEntry(name))
             elif is_index(name):
                 if fetch_text is None:
-                    raise SourceError(f"source {name!r} is an index file but cannot be fetched here")
+                    raise SourceError(f"source {redact(name)!r} is an index file but cannot be fetched here")
                 entries.extend(parse_index(fetch_text(name), name))
             elif name.startswith("s3://") and list_prefix is not None:
                 found = [e for e in list_prefix(name) if is_shard(e.url)]
                 if not found:
-                    raise SourceError(f"source {name!r}: no shard under this prefix ({RULES})")
+                    raise SourceError(f"source {redact(name)!r}: no shard under this prefix ({RULES})")
                 entries.extend(found)
             else:
-                raise SourceError(f"source {name!r} is neither a shard nor an index file: {RULES}")
+                raise SourceError(f"source {redact(name)!r} is neither a shard nor an index file: {RULES}")
     except ShardListError as exc:
-        raise SourceError(f"source {source!r}: {exc}") from None
+        raise SourceError(f"source {redact(source)!r}: {exc}") from None
     if not entries:
-        raise SourceError(f"source {source!r}: no shard found ({RULES})")
+        raise SourceError(f"source {redact(source)!r}: no shard found ({RULES})")
     unique = dict((e.url, e) for e in entries).values()
     entries = [IndexEntry(e.url, e.sha256, e.size if e.size is not None or is_remote(e.url)
                           or not os.path.exists(e.url) else os.path.getsize(e.url)) for e in unique]

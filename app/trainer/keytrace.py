@@ -15,6 +15,20 @@ from collections.abc import Iterable
 from typing import TextIO
 
 
+def trace_line(key: str) -> str:
+    """A key as one line of the trace: a backslash and every character that is not printable (a newline, a
+    carriage return, an escape sequence, a Unicode line separator) written as its Python escape, so a sample's key
+    (shard content, not trusted) can never forge or hide a line of the audit. A plain key is written as it is."""
+    if key.isprintable() and "\\" not in key:
+        return key
+    return "".join(c if c.isprintable() and c != "\\" else _escape(c) for c in key)
+
+
+def _escape(c: str) -> str:
+    n = ord(c)
+    return "\\\\" if c == "\\" else f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
 class KeyTrace:
     """Appends keys to the trace file of their epoch; owns the one file open at a time (``close()``)."""
 
@@ -35,7 +49,7 @@ class KeyTrace:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             self._file = open(path, "a", buffering=1)  # line by line: an audit
             self._epoch = epoch
-        self._file.write("".join(f"{k}\n" for k in keys))
+        self._file.write("".join(f"{trace_line(k)}\n" for k in keys))
 
     def flush(self) -> None:
         if self._file is not None:

@@ -28,6 +28,7 @@ class EpochCounter:
         self._next = 0
         self._named: int | None = None
         self._agreed: tuple[int, int] | None = None  # (epoch, batches every rank yields)
+        self.finished = True  # the current epoch was read to its end (or none started): nothing to resume
 
     @property
     def next(self) -> int:
@@ -48,12 +49,15 @@ class EpochCounter:
             log.info("epoch %d starts again: set_epoch(%d) names it until it is read to its end", epoch, epoch)
         self.current, self._next = epoch, epoch + 1
         self.starts += 1
+        self.finished = False
         return self.starts
 
     def ended(self, epoch: int) -> None:
         """Epoch ``epoch`` was read to its end: a name it had is used up."""
         if self._named == epoch:
             self._named = None
+        if epoch == self.current:
+            self.finished = True
 
     def agreed(self, epoch: int) -> int | None:
         """The batch count the ranks agreed on for ``epoch`` when it started before, or None."""

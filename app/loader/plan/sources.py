@@ -46,6 +46,11 @@ class ShardSource(Protocol):
         """Told as batches go out (a cache renews the reader's lease)."""
         ...
 
+    def released(self, rank: int) -> None:
+        """Told when the loader closes with its last epoch read to its end: nothing of it needs keeping (a cache
+        ends the reader's lease)."""
+        ...
+
     def describe(self) -> str: ...
 
 
@@ -94,6 +99,9 @@ class PathSource:
     def reading(self, rank: int) -> None:
         pass
 
+    def released(self, rank: int) -> None:
+        pass
+
     def describe(self) -> str:
         shown = ", ".join(self.names[:3])
         return shown + (f" and {len(self.names) - 3} more" if len(self.names) > 3 else "")
@@ -135,6 +143,10 @@ class MixedSource:
     def reading(self, rank: int) -> None:
         for part in self.parts:
             part.reading(rank)
+
+    def released(self, rank: int) -> None:
+        for part in self.parts:
+            part.released(rank)
 
     def draw(self, sources: Sequence[Source], *, seed: int, epoch: int, shuffle: bool) -> tuple[list[str], Mixture]:
         """(every source's shards, the epoch's draw from them): the samples per shard from a cache's manifest,

@@ -71,13 +71,10 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
         refs = index.samples[:PROBE_PER_SHARD]
         if not refs:
             continue
-        if parquet.is_parquet(path):  # a row is a place in a row group, read from the file's mapping
-            with open(path, "rb") as f:
-                data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-        else:
-            with open(path, "rb") as f:
-                end = max(off + size for s in refs for off, size in s.fields.values())
-                data = memoryview(f.read(end + (tfrecord.TRAILER if tfrecord.is_tfrecord(path) else 0)))
+        # mapped, not read, as a worker maps it: a member past max_member_bytes (a hole in a compressed shard's
+        # plain copy) is refused unread, never copied into the training process; a Parquet row is read from it
+        with open(path, "rb") as f:
+            data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
         for ref in refs:
             try:
                 sample, _ = load_sample(data, path, ref, decoder, selection, wanted, transform, set())
