@@ -309,6 +309,7 @@ SLEEPY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.idle_cpus  # it grows workers into idle CPUs: run last, with nothing else of the suite beside it
 def test_auto_under_torch_distributed_grows_at_the_next_epoch_keeping_the_ranks_batch_counts(tmp_path):
     data = jpeg_shards(str(tmp_path / "data"), [500] * 4, image=(8, 8))
     script = tmp_path / "auto.py"

@@ -4,7 +4,7 @@ The sampler writes and removes files in the cache and the loader reads shards an
 folder another local user made (``/dev/shm`` is shared by every user of the host) could feed a trainer their
 data, or turn a clean-up into a removal of their choosing. So the cache root and the folders feedline writes in
 (``shards/``, ``shards/.partial/``, ``readers/``) must be folders — not symbolic links — owned by the user
-feedline runs as; feedline makes them mode 0700 (other users can neither read nor write them) and tightens
+feedline runs as (the root may also be root's: a mount point); feedline makes them mode 0700 (other users can neither read nor write them) and tightens
 folders of its own that are more open. Run the sampler and the trainer as one user (compose and the Kubernetes
 manifests do: uid 10001).
 """
@@ -30,11 +30,13 @@ def _owner(uid: int) -> str:
         return f"uid {uid}"
 
 
-def check_folder(path: str, create: bool) -> bool:
+def check_folder(path: str, create: bool, root_ok: bool = False) -> bool:
     """``path`` is a folder of this user's (made mode 0700 when ``create`` and missing); False when it is missing.
 
     A symbolic link, something that is not a folder, or a folder owned by another user is a ``CacheDirError``
-    naming it; a folder of this user's that others may read or write is made 0700.
+    naming it; a folder of this user's that others may read or write is made 0700. ``root_ok``: the cache root
+    may also be root's — a mount point (a Kubernetes emptyDir or volume, /dev/shm itself) that the folders
+    feedline makes in it, which must be this user's, are what is protected.
     """
     if create:
         try:
@@ -52,12 +54,16 @@ def check_folder(path: str, create: bool) -> bool:
     if not stat.S_ISDIR(st.st_mode):
         raise CacheDirError(f"{path} is not a folder: remove it, or use another cache directory")
     me = os.geteuid()
-    if st.st_uid != me:
+    if st.st_uid != me and not (st.st_uid == 0 and root_ok):
         raise CacheDirError(f"{path} belongs to {_owner(st.st_uid)}, not to {_owner(me)} that feedline runs as: "
                             f"a cache another user made could feed this run their data; use a cache directory of "
                             f"your own (e.g. /dev/shm/feedline-{me}), or run the sampler and the trainer as its owner")
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
+    if st.st_uid == me and stat.S_IMODE(st.st_mode) & 0o077:
+        try:
+            os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
+        except OSError as exc:  # a filesystem without Unix modes (vfat, some FUSE): other users' access is its own
+            raise CacheDirError(f"{path} cannot be made private to {_owner(me)} ({exc.strerror}): put the cache on "
+                                f"a filesystem with Unix modes (/dev/shm, a local disk)") from None
     return True
 
 
@@ -73,7 +79,7 @@ def claim_cache_dir(root: str, folders: tuple[str, ...]) -> None:
     os.makedirs(parent, exist_ok=True)
     if os.path.islink(root) and os.lstat(root).st_uid == os.geteuid():
         root = os.path.realpath(root)
-    check_folder(root, create=True)
+    check_folder(root, create=True, root_ok=True)
     for f in folders:
         check_folder(os.path.join(root, f), create=True)
 
@@ -83,7 +89,7 @@ def check_cache_dir(root: str, folders: tuple[str, ...]) -> bool:
     root = os.path.abspath(root)
     if os.path.islink(root) and os.lstat(root).st_uid == os.geteuid():
         root = os.path.realpath(root)
-    if not check_folder(root, create=False):
+    if not check_folder(root, create=False, root_ok=True):
         return False
     for f in folders:
         check_folder(os.path.join(root, f), create=False)

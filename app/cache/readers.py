@@ -62,12 +62,16 @@ def write_reader(cache_dir: str, rank: int, epoch: int, generation: int, shard_i
         log.warning("cannot write the reader file of rank %d in %s: %s", rank, d, exc)
 
 
-def touch_reader(cache_dir: str, rank: int) -> None:
-    """The rank still reads: its lease stays fresh."""
+def touch_reader(cache_dir: str, rank: int) -> bool:
+    """The rank still reads: its lease stays fresh. False when its file is gone (the sidecar removed it as stale
+    during a long pause, a cache wiped by hand): the caller writes it again."""
     try:
         os.utime(_path(cache_dir, rank, "json"))
+        return True
+    except FileNotFoundError:
+        return False
     except OSError:
-        pass  # removed (a cache wiped by hand): the next epoch start writes it again
+        return True  # not ours to fix here: the next epoch start writes it again
 
 
 def remove_reader(cache_dir: str, rank: int) -> None:
@@ -90,6 +94,11 @@ def remove_stale(cache_dir: str, lease: float, now: float | None = None) -> list
     gone = []
     for r in read_readers(cache_dir):
         if now - r.seen_at > lease:
+            try:  # looked at again just before: a reader that wrote or touched it meanwhile keeps it
+                if now - os.stat(_path(cache_dir, r.rank, "json")).st_mtime <= lease:
+                    continue
+            except FileNotFoundError:
+                pass
             for ext in ("json", "shards"):
                 try:
                     os.unlink(_path(cache_dir, r.rank, ext))

@@ -34,6 +34,7 @@ class CacheSource:
         self.counts: dict[str, int] = {}  # samples per shard of the last snapshot, from the manifest
         self.complete = False  # the last snapshot holds every shard of the sampler's source
         self._touched = 0.0  # when this process last renewed its reader lease (monotonic)
+        self._lease: tuple[int, int, list[str]] | None = None  # (epoch, generation, ids) of the last lease written
 
     def manifest(self) -> Manifest | None:
         """The published manifest; None before the sampler made the cache. A cache that is not this user's
@@ -68,12 +69,18 @@ class CacheSource:
         names = [split_name(os.path.basename(p)) for p in shards if in_this_cache(p)]
         ids = [n[0] for n in names if n is not None]
         write_reader(self.cache_dir, rank, epoch, self.generation, ids)
+        self._lease = (epoch, self.generation, ids)
         self._touched = time.monotonic()
 
     def reading(self, rank: int) -> None:
-        """Batches go out: the lease is renewed (at most every TOUCH_EVERY seconds)."""
+        """Batches go out: the lease is renewed (at most every TOUCH_EVERY seconds) — written again if the sidecar
+        removed it as stale meanwhile (a pause longer than ``reader_lease``: an evaluation, a long checkpoint)."""
         if time.monotonic() - self._touched >= TOUCH_EVERY:
-            touch_reader(self.cache_dir, rank)
+            if not touch_reader(self.cache_dir, rank) and self._lease is not None:
+                epoch, generation, ids = self._lease
+                log.info("the reader lease of rank %d in %s had gone stale and was removed; renewed", rank,
+                         self.cache_dir)
+                write_reader(self.cache_dir, rank, epoch, generation, ids)
             self._touched = time.monotonic()
 
     def released(self, rank: int) -> None:

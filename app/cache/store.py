@@ -228,7 +228,7 @@ class CacheStore:
             self._evict_locked(victims)
             self._retained.pop(shard_id, None)  # fetched again: published (the same bytes) in its place
             self._unlink(shard_id, keep=fmt)  # a retained file of the id in another format: gone, not untracked
-            write_index(index, index_path(final))
+            write_index(index, index_path(final), FILE_MODE)
             os.replace(partial, final)
             fsync_dir(self.shards_dir)
             entry = ShardEntry(shard_id, size, len(index.samples), time.time(), source, sha256, fmt)
@@ -339,7 +339,7 @@ class CacheStore:
                                        entry.source if entry else "", entry.sha256 if entry else "", fmt)
                     if sid not in known:
                         r.adopted += 1
-                write_index(index, index_path(path))
+                write_index(index, index_path(path), FILE_MODE)
                 indexes.add(index_path(path))
                 kept.append(entry)
             present = {e.id for e in kept}

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import IO
 
 from . import tfrecord
-from .files import TMP_MARK, fsync_dir
+from .files import TMP_MARK, create_new, fsync_dir
 from .shard_index import ShardError, build_index, index_path, write_index
 from .urls import compression, plain_suffix, shard_stem
 
@@ -152,7 +152,7 @@ def decompress(src: str, dest: str, kind: str, max_bytes: int | None = None,
     """
     written = 0
     try:
-        with open(src, "rb") as f, _reader(f, kind) as r, open(dest, "wb") as out:
+        with open(src, "rb") as f, _reader(f, kind) as r, create_new(dest) as out:  # never through a link
             sink: IO[bytes] | _HoleyTar | _HoleyRecords = out
             if member_bound is not None:
                 sink = _HoleyRecords(out, member_bound) if records else _HoleyTar(out, member_bound)

@@ -38,6 +38,10 @@ __all__ = ["PACKAGES", "RECORD", "RowGroups", "build_index", "column_value", "is
 RECORD = "parquet"  # the one field of a row's entry in the index: (row group, row in it), not a byte span
 PACKAGES = {"pyarrow": "pyarrow"}  # module: the package that has it
 GROUP_CACHE_BYTES = 128 << 20  # a worker's bound on the row groups it keeps decoded (at least the one in use)
+# A row group past that bound (and max_member_bytes) is refused only when it would take INFLATION times what it
+# stores: real data decompresses some 2-20 times (text, JSON under zstd); a footer's nulls or a repeated value
+# inflate thousands of times. pyarrow's default row group of a million rows of text stays readable.
+INFLATION = 64
 # The most rows a file may declare per byte of it. A row is a sample, and every sample takes an entry in the
 # index (about 450 bytes in memory), so a footer declaring 300 M rows in a 500 KB file (what pyarrow writes for
 # a column of nulls: 540 rows a byte) would take 130 GB before a row is read. Measured with pyarrow (snappy,
@@ -46,9 +50,9 @@ GROUP_CACHE_BYTES = 128 << 20  # a worker's bound on the row groups it keeps dec
 # (a 99 %-zero label 36, sorted labels 140, a constant 230, nulls 410-540), which no dataset's samples are.
 MAX_ROWS_PER_BYTE = 8
 # Past a shard index's MAX_SAMPLES (a tar's), a file's rows must average MIN_ROW_BYTES: so what a hostile footer can
-# make the index hold is a million rows (~450 MB) plus one row per 16 bytes the file really has. A 500 MB file of
-# 100-byte text rows (5 M rows) reads as it did; a 1 MB file declaring 8 M rows does not.
-MIN_ROW_BYTES = 16
+# make the index hold is a million rows (~450 MB) plus one row per 4 bytes the file really has. A ratings table of
+# 5-byte rows, or a 500 MB file of 100-byte text rows, reads as it did; a 1 MB file declaring 8 M rows does not.
+MIN_ROW_BYTES = 4
 REFUSED_KEPT = 64  # row groups a worker remembers it refused (their other rows are refused without a read)
 
 
@@ -131,6 +135,19 @@ def group_bytes(meta: Any, group: int, names: Collection[str] | None) -> tuple[i
     return total, dictionaries
 
 
+def stored_bytes(meta: Any, group: int, names: Collection[str] | None) -> int:
+    """The bytes the columns ``names`` (None: all) of a row group take in the file (compressed): what a group
+    read whole is measured against — a large group of real data reads as it always did, one whose footer
+    declares far more than it stores (nulls of a 16 MiB type, one long string repeated) is refused."""
+    rg = meta.row_group(group)
+    total = 0
+    for i in range(rg.num_columns):
+        path = meta.schema.column(i).path
+        if names is None or any(path == n or path.startswith(n + ".") for n in names):
+            total += max(0, rg.column(i).total_compressed_size)
+    return max(1, total)
+
+
 def dense_bytes(column: Any) -> int:
     """What a column read with dictionaries would take with every value in place (as rows hand them out)."""
     import pyarrow as pa
@@ -209,7 +226,8 @@ class RowGroups:
             wanted = None if columns is None else [names[c] for c in columns if c in names]
             need, dictionaries = group_bytes(pf.metadata, group, wanted)
             rows = pf.metadata.row_group(group).num_rows
-            if need > limit:
+            stored = stored_bytes(pf.metadata, group, wanted)
+            if need > limit and need > INFLATION * stored:
                 self._refuse(key, base, bound, f"row group {group} ({rows} rows) would take {about(need)} once read, "
                                                f"more than the {about(limit)} a worker reads at once (write the file "
                                                f"in smaller row groups: pyarrow's row_group_size),")
@@ -221,7 +239,7 @@ class RowGroups:
             raise DecodeError(f"row group {group} cannot be read: {exc}") from None
         if dictionaries:
             dense = sum(dense_bytes(c) for c in table.columns)
-            if dense > limit:
+            if dense > limit and dense > INFLATION * stored:
                 self._refuse(key, base, bound, f"row group {group} ({rows} rows) holds dictionary values that in "
                                                f"place would take {about(dense)}, more than the {about(limit)} a "
                                                f"worker reads at once,")

@@ -112,10 +112,11 @@ def index_path(shard_path: str) -> str:
     return (base if ext == ".tar" else shard_path) + INDEX_SUFFIX
 
 
-def write_index(index: ShardIndex, dest: str | None = None) -> str:
-    """Write the index atomically (temp + rename) so readers never see half of it."""
+def write_index(index: ShardIndex, dest: str | None = None, mode: int = 0o644) -> str:
+    """Write the index atomically (temp + rename) so readers never see half of it. Beside a dataset's shards it
+    is as readable as they are (``mode``, less the umask); the cache writes its own private (``FILE_MODE``)."""
     dest = dest or index_path(index.path)
-    atomic_write(dest, index.to_json())
+    atomic_write(dest, index.to_json(), mode=mode)
     return dest
 
 

@@ -172,7 +172,13 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             return self._refuse(request)
         slot.thread = threading.Thread(target=self.process_request_thread, args=(request, client_address),
                                        name=f"{self.name}-conn", daemon=True)
-        slot.thread.start()
+        try:
+            slot.thread.start()
+        except RuntimeError:  # no thread to be had (the process's limit): the slot and the socket go at once
+            with self._lock:
+                self._slots.pop(request, None)
+                self._freed.notify_all()
+            self.shutdown_request(request)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:

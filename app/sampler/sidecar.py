@@ -25,7 +25,7 @@ from ..errors import SettingError
 from ..formats.compressed import TooLarge, decompress
 from ..formats.shard_index import ShardError
 from ..formats.urls import IndexEntry, is_remote, redact
-from ..preflight import check_memory_for, fmt_bytes, fs_space
+from ..preflight import SHM_HEADROOM, check_memory_for, fmt_bytes, fs_space
 from ..sink import NullSink, StatsSink
 from .fetch import FetchAborted, Fetcher, FetchError
 from .policy import FillPolicy, GrowPolicy, Policy, shard_plan
@@ -171,13 +171,14 @@ class Sidecar:
         return max(int(s.budget * s.replace_fraction), 2 * self._largest_seen)
 
     def _decompress_room(self) -> int:
-        """What one decompression may write: never more than the budget, nor into the room the cache may still
-        grow into (the budget's unfilled part and the retain room) — shared by the downloads in flight."""
+        """What one decompression may write: never more than the budget (it could not be published), nor so much
+        that the filesystem fills: the retain room not yet taken and some headroom stay free (a full /dev/shm
+        fails every writer in it, the trainer's batch ring included). The shard may fill the budget's unfilled
+        part: publishing it is what that room is for."""
         s = self.settings
         _, free = fs_space(self.cache_dir)
-        reserved = (max(0, s.budget - self.store.total_bytes)
-                    + max(0, self.retain_room() - self.store.retained_bytes))
-        return max(0, min(s.budget, (free - reserved) // s.fetch_threads))
+        reserved = max(0, self.retain_room() - self.store.retained_bytes) + SHM_HEADROOM
+        return max(0, min(s.budget, free - reserved))
 
     def _reconcile(self) -> None:
         """The cache as this source has it, before anyone can ask ``ready()`` (the face serves /readyz from it once
