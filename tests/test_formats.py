@@ -198,3 +198,24 @@ def test_make_shards_packs_a_folder_and_a_list_file(tmp_path):
         samples = [s for p in shards for s in build_index(p).samples]
         assert len(samples) == 6
         assert all(set(s.fields) == {"jpg", "cls"} for s in samples)
+
+
+def test_make_shards_shuffles_the_samples_by_default_and_keep_order_keeps_them(tmp_path):
+    folder = tmp_path / "train"
+    for c in range(4):  # an ImageNet-style tree: a folder per class, packed in sorted order
+        (folder / f"class{c}").mkdir(parents=True)
+        for i in range(25):
+            (folder / f"class{c}" / f"{i:03d}.cls").write_text(str(c))
+    orders = {}
+    for name, extra in (("shuffled", []), ("again", []), ("kept", ["--keep-order"])):
+        out = tmp_path / name
+        done = subprocess.run([sys.executable, "-m", "feedline", "make-shards", str(folder), str(out), *extra],
+                              check=True, capture_output=True, text=True)
+        said = " ".join((done.stdout + done.stderr).split())
+        assert ("samples shuffled (seed 0; --keep-order keeps the source's order)" in said) != bool(extra), said
+        orders[name] = [s.key for p in sorted(out.glob("*.tar")) for s in build_index(str(p)).samples]
+    assert orders["kept"] == sorted(orders["kept"])  # class0/000 ... class3/024, as the folders hold them
+    assert sorted(orders["shuffled"]) == orders["kept"] and orders["shuffled"] != orders["kept"]
+    assert orders["again"] == orders["shuffled"]  # seeded: the same order on every run
+    first = [k.split("/")[0] for k in orders["shuffled"][:25]]
+    assert len(set(first)) >= 3  # the first quarter holds most classes, not one

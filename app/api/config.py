@@ -101,7 +101,12 @@ class Config:
                                                   "CUDA, else 1", "loader", parse=lambda v: parse_auto_int(v, 1, 64))
     ring_slots: int = setting(0, "batches in the shared-memory ring (0: 2*workers + transfer_threads + 2)",
                               "loader", minimum=0)
-    shuffle_buffer: int = setting(1000, "samples in each worker's shuffle buffer (0: no sample shuffle)",
+    shuffle: str = setting("epoch", "epoch: the whole epoch mixed, by blocks of shuffle_block shards; stream: "
+                                    "shards in order through shuffle_buffer (webdataset's scheme); none",
+                           "loader", choices=("epoch", "stream", "none"))
+    shuffle_block: int = setting(256, "shards a worker mixes at once with shuffle=epoch (each mapped meanwhile; "
+                                      "fewer keep reads from a slow disk more sequential)", "loader", minimum=1)
+    shuffle_buffer: int = setting(1000, "samples in each worker's shuffle buffer with shuffle=stream (0: none)",
                                   "loader", minimum=0)
     seed: int = setting(0, "seed of the shard and sample order (and the sampler's plan)", "loader sampler",
                         minimum=0)
@@ -346,6 +351,7 @@ class Config:
         return LoaderSettings(
             batch_size=self.batch_size, workers=self.workers, max_workers=self.max_workers or None,
             transfer_threads=self.transfer_threads, ring_slots=self.ring_slots or None, shuffle_buffer=self.shuffle_buffer, seed=self.seed,
+            shuffle={"epoch": True, "stream": "stream", "none": False}[self.shuffle], shuffle_block=self.shuffle_block,
             drop_last=self.drop_last, in_order=self.in_order, zero_copy=self.zero_copy,
             device=self.resolved_device(), max_sample_errors=self.max_sample_errors,
             worker_timeout=self.worker_timeout, stall_timeout=self.stall_timeout, side_bytes=self.side_bytes or None,

@@ -151,14 +151,17 @@ def cmd_make_shards(args: argparse.Namespace) -> int:
     )
 
     src = args.source
+    seed = None if args.keep_order else args.seed
     if os.path.isdir(src):
-        samples = samples_from_folder(src)
+        samples = samples_from_folder(src, seed)
     elif os.path.isfile(src):
-        samples = samples_from_list(src)
+        samples = samples_from_list(src, seed)
     else:
         raise ConfigError(f"make-shards: source {src!r} is neither a folder nor a list file of 'path label' lines")
     shards = write_shards(samples, args.outdir, args.prefix, parse_size(args.shard_size))
-    console.print(f"wrote {len(shards)} shard(s) to {args.outdir}")
+    order = ("in the source's order (--keep-order)" if seed is None
+             else f"samples shuffled (seed {seed}; --keep-order keeps the source's order)")
+    console.print(f"wrote {len(shards)} shard(s) to {args.outdir}, {order}")
     return 0
 
 
@@ -308,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("outdir")
     p.add_argument("--prefix", default="shard")
     p.add_argument("--shard-size", default="256MiB", help="target shard size (bytes or 512MiB, 1GiB)")
+    p.add_argument("--seed", type=int, default=0, help="the seed of the samples' shuffle (default 0)")
+    p.add_argument("--keep-order", action="store_true",
+                   help="write samples in the source's order (sorted paths, list lines) instead of shuffled")
     p.set_defaults(func=cmd_make_shards)
 
     p = sub.add_parser("make-dataset", help="write a demo/benchmark dataset of real tar shards")

@@ -89,7 +89,8 @@ def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str,
         source = {"sources": [Source(f"half{k}", shards=h, weight=n) for k, (h, n) in enumerate(zip(halves, sizes))]}
     return StagingLoader(**source, batch_size=args.batch_size, workers=args.workers,
                          transfer_threads=args.transfer_threads, spec=spec, transform=transform, device=device,
-                         zero_copy=args.zero_copy, shuffle=False, **decode)
+                         zero_copy=args.zero_copy, **decode,
+                         shuffle={"none": False, "epoch": True, "stream": "stream"}[getattr(args, "shuffle", "none")])
 
 
 def _peer(name: str) -> Callable[[argparse.Namespace, list[str]], Iterable[dict[str, Any]]]:
@@ -261,6 +262,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device-decode", action="store_true", help="feedline, jpeg: decode where the batch lands")
     p.add_argument("--cache", default="", help="feedline: read a sampler's cache instead of --shards")
     p.add_argument("--mix", action="store_true", help="feedline: the shards as a two-source mixture")
+    p.add_argument("--shuffle", choices=("none", "epoch", "stream"), default="none",
+                   help="feedline: the sample order (none: the rows' default, shard by shard)")
     p.add_argument("--report-epoch", action="store_true",
                    help="add the first epoch's labels and sample shapes to the result (a check that it is whole)")
     args = p.parse_args(argv)

@@ -40,7 +40,8 @@ def _sampler_args(cfg: Config, url: str, cache: str, port: int) -> list[str]:
 
 
 def _trainer_args(cfg: Config, cache: str, summary: str, port: int) -> list[str]:
-    keys = ("batch_size", "workers", "transfer_threads", "ring_slots", "shuffle_buffer", "seed", "drop_last",
+    keys = ("batch_size", "workers", "transfer_threads", "ring_slots", "shuffle", "shuffle_block", "shuffle_buffer",
+            "seed", "drop_last",
             "in_order", "zero_copy", "device", "max_sample_errors", "worker_timeout", "stall_timeout", "epochs",
             "step_ms", "image_size", "classes", "max_steps", "log_level", "progress", "min_shards", "wait_timeout")
     args = ["--cache", cache, "--summary-json", summary, "--metrics-port", str(port)]

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from .shard_index import build_index, split_key, write_index
 
 TAR_BLOCK = 512
+T = TypeVar("T")
 
 
 @dataclass
@@ -86,8 +89,20 @@ class ShardWriter:
         self.close()
 
 
-def samples_from_folder(folder: str) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """Files sharing a basename (``a.jpg``, ``a.cls``) form one sample, in sorted order."""
+def _ordered(items: list[T], shuffle_seed: int | None) -> list[T]:
+    """``items`` in a seeded random order, or as they are (``shuffle_seed`` None).
+
+    A dataset packed in its folders' order (a folder per class) would reach training in that order, a shard
+    or two of one class at a time; shuffled once when written, every shard holds a mix.
+    """
+    if shuffle_seed is not None:
+        random.Random(f"feedline-make-shards:{shuffle_seed}").shuffle(items)
+    return items
+
+
+def samples_from_folder(folder: str, shuffle_seed: int | None = None) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Files sharing a basename (``a.jpg``, ``a.cls``) form one sample: in sorted order, or shuffled by
+    ``shuffle_seed`` (only the paths are held; each sample's bytes are read as it is written)."""
     groups: dict[str, dict[str, str]] = {}
     root = Path(folder)
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
@@ -95,13 +110,15 @@ def samples_from_folder(folder: str) -> Iterator[tuple[str, dict[str, bytes]]]:
         if parts is None:
             continue
         groups.setdefault(parts[0], {})[parts[1]] = str(path)
-    for key, files in groups.items():
+    for key, files in _ordered(list(groups.items()), shuffle_seed):
         yield key.replace(os.sep, "/"), {ext: Path(p).read_bytes() for ext, p in files.items()}
 
 
-def samples_from_list(list_file: str) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """Lines of ``path label``; relative paths are taken from the list file's folder."""
+def samples_from_list(list_file: str, shuffle_seed: int | None = None) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Lines of ``path label``; relative paths are taken from the list file's folder. A sample's key is its line
+    number, whatever the order (``shuffle_seed``); every path is checked before anything is written."""
     base = Path(list_file).parent
+    entries: list[tuple[str, Path, str]] = []
     with open(list_file) as f:
         for lineno, line in enumerate(f, 1):
             line = line.strip()
@@ -115,11 +132,13 @@ def samples_from_list(list_file: str) -> Iterator[tuple[str, dict[str, bytes]]]:
                 path = base / path
             if not path.is_file():
                 raise FileNotFoundError(f"{list_file}:{lineno}: no such file {path}")
-            ext = path.suffix.lstrip(".").lower() or "bin"
-            fields = {ext: path.read_bytes()}
-            if label:
-                fields["cls"] = label.strip().encode()
-            yield f"{lineno - 1:09d}", fields
+            entries.append((f"{lineno - 1:09d}", path, label.strip()))
+    for key, path, label in _ordered(entries, shuffle_seed):
+        ext = path.suffix.lstrip(".").lower() or "bin"
+        fields = {ext: path.read_bytes()}
+        if label:
+            fields["cls"] = label.encode()
+        yield key, fields
 
 
 def write_shards(

@@ -94,8 +94,9 @@ class StagingLoader:
         max_workers: int | None = None,
         transfer_threads: int | str = 1,
         ring_slots: int | None = None,
-        shuffle: bool = True,
+        shuffle: bool | str = True,
         shuffle_buffer: int = 1000,
+        shuffle_block: int = 256,
         seed: int = 0,
         drop_last: bool = False,
         device: str | torch.device = "cpu",
@@ -124,7 +125,7 @@ class StagingLoader:
         self.settings = s = LoaderSettings(
             batch_size=batch_size, workers=workers, max_workers=max_workers, transfer_threads=transfer_threads,
             ring_slots=ring_slots, device_queue=device_queue, device=str(device), zero_copy=zero_copy,
-            in_order=in_order, shuffle=shuffle, shuffle_buffer=shuffle_buffer, seed=seed, drop_last=drop_last,
+            in_order=in_order, shuffle=shuffle, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block, seed=seed, drop_last=drop_last,
             max_sample_errors=max_sample_errors, worker_timeout=worker_timeout, stall_timeout=stall_timeout,
             side_bytes=side_bytes, decompress_dir=decompress_dir, equal_batches=equal_batches,
             start_method=start_method, rank=rank, starvation_window=starvation_window, min_shards=min_shards,
@@ -202,7 +203,7 @@ class StagingLoader:
             if self.device.type == "cuda":
                 p.pinned_ptr = pin_ring(p.ring)
             setup = WorkerSetup(RingHandle.of(p.ring), s.shuffle_buffer if s.shuffle else 0, s.drop_last,
-                                logging.getLogger("feedline").getEffectiveLevel())
+                                logging.getLogger("feedline").getEffectiveLevel(), s.block)
             stats, slots = self._stats, s.slots
             p.pool = WorkerPool(p.ring, p.launcher, setup.to_json(), s.workers, stats,
                                 ErrorBudget(s.max_sample_errors), in_order=s.in_order,
@@ -371,13 +372,14 @@ class StagingLoader:
     def _plan_epoch(self, epoch: int) -> EpochPlan:
         s = self.settings
         if isinstance(self.source, MixedSource) and self.mixture is not None:  # the epoch's draw (mixture.py)
-            shards, mix = self.source.draw(self.mixture, seed=s.seed, epoch=epoch, shuffle=s.shuffle)
+            shards, mix = self.source.draw(self.mixture, seed=s.seed, epoch=epoch, shuffle=bool(s.shuffle))
             return EpochPlan.make(shards, epoch=epoch, seed=s.seed, rank=self.rank, workers=s.workers,
-                                  shuffle=s.shuffle, mixture=mix)
+                                  shuffle=bool(s.shuffle), mixture=mix, interleaved=s.block > 0)
         shards = self.source.snapshot()
         if not shards:
             raise LoaderError(f"no shards to read in {self.source.describe()}")
-        return EpochPlan.make(shards, epoch=epoch, seed=s.seed, rank=self.rank, workers=s.workers, shuffle=s.shuffle)
+        return EpochPlan.make(shards, epoch=epoch, seed=s.seed, rank=self.rank, workers=s.workers,
+                              shuffle=bool(s.shuffle), interleaved=s.block > 0)
 
     # -- epochs and resume -------------------------------------------------------------------
 
@@ -396,7 +398,8 @@ class StagingLoader:
     def _state_settings(self) -> dict[str, Any]:
         s = self.settings
         return {"seed": s.seed, "batch_size": s.batch_size, "drop_last": s.drop_last, "shuffle": s.shuffle,
-                "shuffle_buffer": s.shuffle_buffer, "workers": s.workers, "rank": self.rank.rank,
+                "shuffle_buffer": s.shuffle_buffer, "shuffle_block": s.block, "workers": s.workers,
+                "rank": self.rank.rank,
                 "world_size": self.rank.world_size,
                 "sources": [m.name for m in self.mixture] if self.mixture is not None else None}
 

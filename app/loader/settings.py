@@ -61,6 +61,9 @@ def default_ring_slots(workers: int, transfer_threads: int, device_queue: int = 
     return 2 * workers + transfer_threads + device_queue
 
 
+STREAM = "stream"  # shuffle="stream": shards in order through a shuffle buffer, as webdataset does
+
+
 @dataclass(frozen=True)
 class LoaderSettings:
     """The staging loader's knobs; ``ring_slots`` None means ``default_ring_slots``, ``side_bytes`` None a default
@@ -77,8 +80,9 @@ class LoaderSettings:
     device: str = "cpu"
     zero_copy: bool = False
     in_order: bool = True
-    shuffle: bool = True
-    shuffle_buffer: int = 1000
+    shuffle: bool | str = True  # True: the epoch, by blocks of shuffle_block shards; "stream": shards in order
+    shuffle_buffer: int = 1000  # through shuffle_buffer (webdataset's scheme); False: none
+    shuffle_block: int = 256
     seed: int = 0
     drop_last: bool = False
     max_sample_errors: float = 0.05
@@ -108,6 +112,12 @@ class LoaderSettings:
                                                   f"max_workers, or set workers='auto'")
         set_(self, "device_queue", _int("device_queue", self.device_queue, 1))
         set_(self, "shuffle_buffer", _int("shuffle_buffer", self.shuffle_buffer, 0))
+        set_(self, "shuffle_block", _int("shuffle_block", self.shuffle_block, 1))
+        if self.shuffle not in (True, False, STREAM) or isinstance(self.shuffle, (int, float)) \
+                and not isinstance(self.shuffle, bool):
+            raise SettingError("shuffle", f"must be True (the whole epoch, by blocks of shuffle_block shards), "
+                                          f"'stream' (shards in order through shuffle_buffer) or False, got "
+                                          f"{self.shuffle!r}")
         set_(self, "seed", _int("seed", self.seed, 0))
         set_(self, "min_shards", _int("min_shards", self.min_shards, 1))
         set_(self, "max_member_bytes", _int("max_member_bytes", self.max_member_bytes, MIN_MEMBER_BYTES))
@@ -160,9 +170,14 @@ class LoaderSettings:
                                                 f"{decode!r}")
         if decode is False:
             set_(self, "device_decode", None)
-        for name in ("zero_copy", "in_order", "shuffle", "drop_last"):
+        for name in ("zero_copy", "in_order", "drop_last"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingError(name, f"must be True or False, got {getattr(self, name)!r}")
+
+    @property
+    def block(self) -> int:
+        """Shards a worker's stream permutes at once: ``shuffle_block`` for the epoch shuffle, 0 otherwise."""
+        return self.shuffle_block if self.shuffle is True else 0
 
     @property
     def slots(self) -> int:
@@ -205,8 +220,8 @@ DATALOADER_EQUIVALENTS = {
     "persistent_workers": "nothing: workers always live as long as the loader",
     "timeout": "worker_timeout= (a worker that decodes nothing for that long is replaced, its work redone)",
     "prefetch_factor": "ring_slots= (batches in flight; the default is 2 * workers + transfer_threads + 2)",
-    "sampler": "shuffle=, shuffle_buffer= and seed= (shards are shuffled per epoch and split by rank; there is "
-               "no index-based sampler)",
+    "sampler": "shuffle=, shuffle_block= and seed= (the whole epoch is shuffled by blocks of shards, split by "
+               "rank; there is no index-based sampler)",
     "batch_sampler": "batch_size= and drop_last= (no index-based sampler)",
     "worker_init_fn": "the transform (it is pickled into each worker; before each sample a worker seeds random, "
                       "numpy and torch from (seed, epoch, shard, key))",

@@ -72,6 +72,13 @@ def assign(mine: list[str], workers: int) -> tuple[tuple[tuple[str, ...], ...], 
             tuple(tuple(part for _, part in ps) for ps in mine_w))
 
 
+def interleave(mine: list[str], workers: int) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[Part, ...], ...]]:
+    """The epoch shuffle's split: every worker reads part ``w`` (``i % workers == w``) of every shard of the rank, in
+    the same order, so each worker's blocks (``stream.block_order``) draw from the whole of the rank's epoch."""
+    return (tuple(tuple(mine) for _ in range(workers)),
+            tuple(tuple(WHOLE if workers == 1 else (w, workers) for _ in mine) for w in range(workers)))
+
+
 def stream_seed(seed: int, epoch: int, rank: int, worker: int) -> str:
     """Seed of a worker's sample shuffle buffer and its transforms' randomness."""
     return f"feedline-samples:{seed}:{epoch}:{rank}:{worker}"
@@ -136,16 +143,18 @@ class EpochPlan:
     parts: tuple[tuple[Part, ...], ...]  # per worker, the part of each entry of its assignment (``assign``)
     skip: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # per entry: delivered before, or not drawn
     mixture: Mixture | None = None
+    interleaved: bool = False  # the epoch shuffle: every worker reads its part of every shard (``interleave``)
 
     @classmethod
     def make(cls, shards: list[str] | tuple[str, ...], *, epoch: int, seed: int, rank: Rank, workers: int,
              shuffle: bool = True, skip: Mapping[str, tuple[int, ...]] | None = None,
-             mixture: Mixture | None = None) -> "EpochPlan":
+             mixture: Mixture | None = None, interleaved: bool = False) -> "EpochPlan":
         order = list(mixture.order) if mixture is not None else epoch_order(shards, seed, epoch, shuffle)
         mine = split(order, rank.rank, rank.world_size)
-        assignment, parts = assign(mine, workers)
+        assignment, parts = interleave(mine, workers) if interleaved else assign(mine, workers)
         left_out = {**(mixture.skip if mixture is not None else {}), **(skip or {})}
-        return cls(epoch, seed, rank, shuffle, tuple(sorted(shards)), assignment, parts, left_out, mixture)
+        return cls(epoch, seed, rank, shuffle, tuple(sorted(shards)), assignment, parts, left_out, mixture,
+                   interleaved)
 
     def path_of(self, entry: str) -> str:
         """The shard an entry reads."""
@@ -201,6 +210,8 @@ class EpochPlan:
     def describe(self) -> str:
         shares = "/".join(str(len(a)) for a in self.assignment)
         split_ = next((f", each shard in {n} parts" for ps in self.parts for _, n in ps if n > 1), "")
+        if self.interleaved:
+            split_ += ", the epoch shuffled by blocks of shards"
         mix = ""
         if self.mixture is not None:
             mix = ", drawing " + ", ".join(f"{n} {name}" for name, n in zip(self.mixture.names, self.mixture.drawn))
@@ -211,7 +222,8 @@ class EpochPlan:
     def get_state(self) -> dict[str, Any]:
         """Plain data from which ``from_state`` rebuilds this plan exactly (the assignment is derived)."""
         return {"epoch": self.epoch, "seed": self.seed, "rank": self.rank.rank, "world_size": self.rank.world_size,
-                "shuffle": self.shuffle, "workers": self.workers, "shards": list(self.shards),
+                "shuffle": self.shuffle, "interleaved": self.interleaved, "workers": self.workers,
+                "shards": list(self.shards),
                 "skip": {entry: list(v) for entry, v in self.skip.items()},
                 **({"mixture": self.mixture.get_state()} if self.mixture is not None else {})}
 
@@ -221,4 +233,5 @@ class EpochPlan:
                         rank=Rank(int(state["rank"]), int(state["world_size"])), workers=int(state["workers"]),
                         shuffle=bool(state["shuffle"]),
                         skip={entry: tuple(v) for entry, v in state.get("skip", {}).items()},
-                        mixture=Mixture.from_state(state["mixture"]) if state.get("mixture") else None)
+                        mixture=Mixture.from_state(state["mixture"]) if state.get("mixture") else None,
+                        interleaved=bool(state.get("interleaved", False)))

@@ -25,18 +25,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SettingError
+from ...formats.parquet import RECORD
 from ...formats.shard_index import ShardError, load_index
+from ...formats.urls import is_parquet
 from .epoch_plan import EpochPlan, stream_seed
 from .mixture import Mixture
 from .rank import Rank
-from .stream import ShardProblem, shuffle_order
+from .stream import ShardProblem, order
 
 log = logging.getLogger("feedline.loader")
 
 FORMAT = "feedline.loader/1"
 RANKS_FORMAT = "feedline.loader.ranks/1"  # every rank's state in one (state_dict under torch.distributed)
 # Settings a state must share with the loader it is loaded into, unless elastic.
-EXACT = ("seed", "batch_size", "drop_last", "shuffle", "shuffle_buffer", "workers", "rank", "world_size")
+EXACT = ("seed", "batch_size", "drop_last", "shuffle", "shuffle_buffer", "shuffle_block", "workers", "rank",
+         "world_size")
 
 
 @dataclass
@@ -206,7 +209,8 @@ def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], setting
     mixture = Mixture.from_state(plan_state["mixture"]) if plan_state.get("mixture") else None
     plan = EpochPlan.make(saved, epoch=epoch, seed=int(settings["seed"]), rank=rank, workers=int(settings["workers"]),
                           shuffle=bool(settings["shuffle"]),
-                          skip={entry: tuple(sorted(v)) for entry, v in delivered.items() if v}, mixture=mixture)
+                          skip={entry: tuple(sorted(v)) for entry, v in delivered.items() if v}, mixture=mixture,
+                          interleaved=int(settings.get("shuffle_block") or 0) > 0)
     return Resume(plan), epoch
 
 
@@ -224,6 +228,21 @@ def delivered_samples(states: Sequence[Mapping[str, Any]]) -> dict[str, set[int]
                 counts[path] = 0
         return counts[path]
 
+    row_groups: dict[str, list[int] | None] = {}
+
+    def unit_of(item: tuple[str, int]) -> tuple[str, int] | None:
+        """A Parquet row's row group (the live stream reads a row group as a unit: ``stream.block_order``)."""
+        entry, i = item
+        if entry not in row_groups:
+            path = plan.path_of(entry)
+            try:
+                row_groups[entry] = ([s.fields[RECORD][0] for s in load_index(path).samples] if is_parquet(path)
+                                     else None)
+            except ShardError:
+                row_groups[entry] = None
+        groups_of = row_groups[entry]
+        return (entry, groups_of[i]) if groups_of is not None and i < len(groups_of) else None
+
     done: dict[str, set[int]] = {}
     for st in states:
         plan = EpochPlan.from_state(st["plan"])
@@ -237,7 +256,8 @@ def delivered_samples(states: Sequence[Mapping[str, Any]]) -> dict[str, set[int]
             groups = ([(entry, i) for i in range(k, samples_of(plan.path_of(entry)), n) if i not in skip.get(entry, ())]
                       for entry, (k, n) in zip(entries, parts))
             seed = stream_seed(plan.seed, plan.epoch, plan.rank.rank, w)
-            for n, item in enumerate(shuffle_order(groups, int(st["shuffle_buffer"]) if plan.shuffle else 0, seed)):
+            buffer = int(st["shuffle_buffer"]) if plan.shuffle else 0
+            for n, item in enumerate(order(groups, buffer, int(st.get("shuffle_block") or 0), seed, unit_of)):
                 if n >= taken:
                     break
                 assert not isinstance(item, ShardProblem)

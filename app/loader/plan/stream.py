@@ -1,4 +1,5 @@
-"""A worker's sample stream for one epoch: its shards, in order, through a shuffle buffer.
+"""A worker's sample stream for one epoch: its shards by blocks in a seeded permutation, or in order through a
+shuffle buffer.
 
 The stream yields sample *references* (shard, offsets), never bytes, so the
 shuffle buffer costs no memory per sample and a replacement worker can replay
@@ -11,10 +12,11 @@ import logging
 import mmap
 import os
 import random
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ...formats.parquet import RECORD
 from ...formats.shard_index import Sample, ShardError, load_index
 
 log = logging.getLogger("feedline.loader")
@@ -137,11 +139,63 @@ def shuffle_order(groups: Iterable[list[T] | ShardProblem], buffer_size: int, se
     yield from buffer
 
 
+def block_order(groups: Iterable[list[T] | ShardProblem], block: int, seed: str,
+                unit_of: Callable[[T], Hashable | None] | None = None) -> Iterator[T | ShardProblem]:
+    """The items of ``block`` consecutive groups at once in a seeded uniform permutation, then the next block's.
+
+    The epoch shuffle (``shuffle=True``): a worker reads its part of every shard of its rank (``epoch_plan``),
+    so a block of 256 shards mixes samples of 256 places of the dataset at once — batches look like a uniform
+    permutation's however the dataset was written — while at most ``block`` shards are mapped. A
+    ``ShardProblem`` passes straight through and takes its place in the block, as its shard would have.
+    Items ``unit_of`` puts in one unit (a Parquet row group, decoded whole) stay together, in random order
+    among themselves, the units in random order: each row group is decoded once an epoch.
+    """
+    rng = random.Random(f"{seed}:block")
+    items: list[T] = []
+    taken = 0
+    for group in groups:
+        if isinstance(group, ShardProblem):
+            yield group
+        else:
+            items.extend(group)
+        taken += 1
+        if taken == block:
+            yield from _permute(items, unit_of, rng)
+            items, taken = [], 0
+    yield from _permute(items, unit_of, rng)
+
+
+def _permute(items: list[T], unit_of: Callable[[T], Hashable | None] | None, rng: random.Random) -> list[T]:
+    units: dict[Hashable, list[T]] = {}
+    for n, item in enumerate(items):
+        key = unit_of(item) if unit_of is not None else None
+        units.setdefault(("item", n) if key is None else ("unit", key), []).append(item)
+    if len(units) == len(items):  # no units (tar, TFRecord): one uniform permutation
+        rng.shuffle(items)
+        return items
+    order = list(units.values())
+    rng.shuffle(order)
+    out: list[T] = []
+    for unit in order:
+        rng.shuffle(unit)
+        out.extend(unit)
+    return out
+
+
+def order(groups: Iterable[list[T] | ShardProblem], buffer_size: int, block: int, seed: str,
+          unit_of: Callable[[T], Hashable | None] | None = None) -> Iterator[T | ShardProblem]:
+    """The one choice of shuffle: by blocks of shards (``block`` > 0), else through a buffer (``shuffle_order``);
+    the workers' streams and the replay of an interrupted epoch both call it."""
+    return block_order(groups, block, seed, unit_of) if block > 0 else shuffle_order(groups, buffer_size, seed)
+
+
 def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: str,
                   fds: dict[str, int] | None = None, on_open: Callable[[int], None] | None = None,
                   skip: Mapping[int, Collection[int]] | None = None,
-                  parts: Mapping[int, tuple[int, int]] | None = None) -> Iterator[SampleRef | ShardProblem]:
-    """Shards in the given order, samples through a seeded shuffle buffer of ``buffer_size``.
+                  parts: Mapping[int, tuple[int, int]] | None = None,
+                  block: int = 0) -> Iterator[SampleRef | ShardProblem]:
+    """Shards in the given order, samples through a seeded shuffle buffer of ``buffer_size`` — or, with ``block``,
+    ``block`` shards at a time in a seeded permutation (``block_order``).
 
     ``fds`` are descriptors opened ahead (``open_ahead``); the stream closes each one it reaches.
     ``on_open(ordinal)`` is told before each shard is opened (a hung filesystem hangs there).
@@ -157,12 +211,13 @@ def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: s
             if on_open is not None:
                 on_open(ordinal)
             opened = _open(path, ordinal, fds.pop(path, None))
+            k, n = parts.get(ordinal, (0, 1))
             if isinstance(opened, ShardProblem):
-                yield opened
+                yield opened if k == 0 else []  # a shard read in parts is one problem: part 0's worker counts it
                 continue
             left = skip.get(ordinal, ())
-            k, n = parts.get(ordinal, (0, 1))
             group = [(opened, opened.samples[i], i) for i in range(k, len(opened.samples), n) if i not in left]
+            opened.samples = []  # the group holds what is read: the rest of the index goes (a block holds many)
             opened.pending = len(group)
             if not group:
                 opened.pending = 1
@@ -170,7 +225,12 @@ def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: s
             yield group
 
     pos = 0  # stream positions count samples; problems take none
-    for item in shuffle_order(groups(), buffer_size, seed):
+    def unit_of(item: tuple[OpenShard, Sample, int]) -> Hashable | None:
+        opened, sample, _ = item
+        place = sample.fields.get(RECORD)  # a Parquet row: (row group, row)
+        return (opened.ordinal, place[0]) if place is not None else None
+
+    for item in order(groups(), buffer_size, block, seed, unit_of):
         if isinstance(item, ShardProblem):
             yield item
         else:

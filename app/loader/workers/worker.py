@@ -71,14 +71,16 @@ class WorkerSetup:
     shuffle_buffer: int
     drop_last: bool
     log_level: int
+    shuffle_block: int = 0  # > 0: the epoch shuffle, this many shards permuted at once (stream.block_order)
 
     def to_json(self) -> dict[str, Any]:
         return {"ring": self.ring.to_json(), "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last,
-                "log_level": self.log_level}
+                "log_level": self.log_level, "shuffle_block": self.shuffle_block}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "WorkerSetup":
-        return cls(RingHandle.from_json(d["ring"]), d["shuffle_buffer"], d["drop_last"], d["log_level"])
+        return cls(RingHandle.from_json(d["ring"]), d["shuffle_buffer"], d["drop_last"], d["log_level"],
+                   int(d.get("shuffle_block", 0)))
 
 
 @dataclass
@@ -97,7 +99,7 @@ class _Epoch:
     """One epoch's stream and the counters of the batch being filled."""
 
     def __init__(self, plan: WorkerPlan, shuffle_buffer: int, status: np.ndarray,
-                 inherited: dict[str, int] | None = None):
+                 inherited: dict[str, int] | None = None, block: int = 0):
         self.epoch = plan.run  # the token fills and results carry: a restarted epoch has a new one
         self.seed, self.number = plan.seed, plan.epoch  # with the sample: what its random draws are seeded from
         self.poison = set(plan.poison)
@@ -107,7 +109,7 @@ class _Epoch:
         seed = plan.stream_seed
         self.fds = open_ahead(plan.shards, self._opening, inherited)
         self.stream: Iterator[SampleRef | ShardProblem] = sample_stream(plan.shards, shuffle_buffer, seed, self.fds,
-                                                                         self._opening, plan.skip, plan.parts)
+                                                                         self._opening, plan.skip, plan.parts, block)
         self.pos = 0  # samples consumed
         self.done = False
         self.logged: dict[str, int] = {}
@@ -191,7 +193,8 @@ class Worker:
             elif kind == EPOCH:
                 if self.epoch is not None:
                     self.epoch.close()
-                self.epoch = _Epoch(decode_epoch(msg), self.setup.shuffle_buffer, self.status, self.inherited)
+                self.epoch = _Epoch(decode_epoch(msg), self.setup.shuffle_buffer, self.status, self.inherited,
+                                    self.setup.shuffle_block)
                 self._drop_inherited()  # what they were for is open now (dups), or another epoch's
             elif kind == STOP:
                 return
