@@ -259,7 +259,9 @@ def test_a_pth_view_of_gigabytes_costs_the_training_process_and_the_worker_nothi
     torch.save({"big": torch.zeros(4)}, small)
     path = write_tar(str(tmp_path / "views.tar"), [(f"k{i}", {"cls": str(i).encode(), "pth": (
         buf if i == 3 else small).getvalue()}) for i in range(8)])
-    # a worker that loads .pth imports torch (~200 MiB resident): the bound is 64 MiB here, the view 8 GiB
-    got, errors, seconds, trainer, workers = read_all([path], 64 * MiB, fields=["cls", "pth"], max_sample_errors=0.5)
+    # a worker that loads .pth imports torch (200-290 MiB resident, seen): the bound is the default, 256 MiB, the
+    # view 8 GiB (at HEAD before the bound: 4.3 GiB resident)
+    got, errors, seconds, trainer, workers = read_all([path], 256 * MiB, fields=["cls", "pth"],
+                                                      max_sample_errors=0.5)
     assert len(got) == 7 and errors.get("member_too_large") == 1
-    within_bounds(seconds, trainer, workers, 64 * MiB)
+    within_bounds(seconds, trainer, workers, 256 * MiB)

@@ -76,3 +76,22 @@ def test_tfrecord_files_written_in_class_order_are_mixed_as_tar_shards_are(tmp_p
     q = measure([b for b, _ in batches], [p for _, ps in batches for p in ps], labels, BATCH)
     assert sorted(p for _, ps in batches for p in ps) == list(range(CLASSES * PER_CLASS))
     assert q.distinct_ratio >= 0.95 and abs(q.spearman) <= 0.05, q
+
+
+def test_parquet_files_written_in_class_order_are_mixed_a_window_of_row_groups_at_a_time(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shards = []
+    for k in range(CLASSES * PER_CLASS // PER_SHARD):  # row n of the dataset: class n // PER_CLASS
+        rows = list(range(k * PER_SHARD, (k + 1) * PER_SHARD))
+        path = str(tmp_path / f"sorted-{k:03d}.parquet")
+        pq.write_table(pa.table({"cls": [n // PER_CLASS for n in rows], "pos": rows}), path, row_group_size=250)
+        shards.append(path)
+    with StagingLoader(shards, batch_size=BATCH, workers=2, fields=["cls", "pos"],
+                       spec={"cls": "int64", "pos": "int64"}) as loader:
+        batches = [(b["cls"].tolist(), b["pos"].tolist()) for b in loader]
+    labels = [c for c in range(CLASSES) for _ in range(PER_CLASS)]
+    q = measure([b for b, _ in batches], [p for _, ps in batches for p in ps], labels, BATCH)
+    assert sorted(p for _, ps in batches for p in ps) == list(range(CLASSES * PER_CLASS))
+    assert q.distinct_ratio >= 0.95 and abs(q.spearman) <= 0.05, q

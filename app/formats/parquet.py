@@ -33,7 +33,8 @@ from .decoders import Decoder
 from .sample_index import MAX_SAMPLES, Sample, ShardError, ShardIndex, open_shard
 from .urls import is_parquet, shard_stem
 
-__all__ = ["PACKAGES", "RECORD", "RowGroups", "build_index", "column_value", "is_parquet", "read_row"]
+__all__ = ["PACKAGES", "RECORD", "RowGroups", "build_index", "column_value", "is_parquet", "read_row",
+           "row_group_bytes"]
 
 RECORD = "parquet"  # the one field of a row's entry in the index: (row group, row in it), not a byte span
 PACKAGES = {"pyarrow": "pyarrow"}  # module: the package that has it
@@ -75,6 +76,20 @@ def build_index(path: str, fd: int | None = None, name: str | None = None) -> Sh
             samples.append(Sample(f"{stem}/{n:08d}", {RECORD: (group, row)}))
             n += 1
     return ShardIndex(path, size, samples)
+
+
+def row_group_bytes(data: Any) -> list[int]:
+    """Each row group's size once read, from the footer (``total_byte_size``), of a mapping or a path: what the
+    epoch shuffle's windows of row groups hold (``loader.plan.stream``); [] for a file pyarrow cannot read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_metadata(data) if isinstance(data, str) else pq.ParquetFile(
+            pa.BufferReader(pa.py_buffer(data))).metadata
+        return [max(0, meta.row_group(g).total_byte_size) for g in range(meta.num_row_groups)]
+    except (pa.ArrowException, OSError, ValueError):
+        return []
 
 
 def check_rows(path: str, meta: Any, size: int) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SettingError
-from ...formats.parquet import RECORD
+from ...formats.parquet import RECORD, row_group_bytes
 from ...formats.shard_index import ShardError, load_index
 from ...formats.urls import is_parquet
 from .epoch_plan import EpochPlan, stream_seed
@@ -228,20 +228,24 @@ def delivered_samples(states: Sequence[Mapping[str, Any]]) -> dict[str, set[int]
                 counts[path] = 0
         return counts[path]
 
-    row_groups: dict[str, list[int] | None] = {}
+    row_groups: dict[str, tuple[list[int], list[int]] | None] = {}
 
-    def unit_of(item: tuple[str, int]) -> tuple[str, int] | None:
-        """A Parquet row's row group (the live stream reads a row group as a unit: ``stream.block_order``)."""
+    def unit_of(item: tuple[str, int]) -> tuple[tuple[str, int], int] | None:
+        """A Parquet row's row group and its size (the live stream reads row groups by windows:
+        ``stream.block_order``)."""
         entry, i = item
         if entry not in row_groups:
             path = plan.path_of(entry)
             try:
-                row_groups[entry] = ([s.fields[RECORD][0] for s in load_index(path).samples] if is_parquet(path)
-                                     else None)
+                row_groups[entry] = (([s.fields[RECORD][0] for s in load_index(path).samples], row_group_bytes(path))
+                                     if is_parquet(path) else None)
             except ShardError:
                 row_groups[entry] = None
-        groups_of = row_groups[entry]
-        return (entry, groups_of[i]) if groups_of is not None and i < len(groups_of) else None
+        known = row_groups[entry]
+        if known is None or i >= len(known[0]):
+            return None
+        group = known[0][i]
+        return (entry, group), known[1][group] if group < len(known[1]) else 0
 
     done: dict[str, set[int]] = {}
     for st in states:

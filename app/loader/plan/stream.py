@@ -13,11 +13,12 @@ import mmap
 import os
 import random
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ...formats.parquet import RECORD
+from ...formats.parquet import RECORD, row_group_bytes
 from ...formats.shard_index import Sample, ShardError, load_index
+from ...formats.urls import is_parquet
 
 log = logging.getLogger("feedline.loader")
 T = TypeVar("T")
@@ -32,6 +33,7 @@ class OpenShard:
     mm: mmap.mmap | None
     samples: list[Sample]
     pending: int  # samples of this shard not yet finished
+    unit_bytes: list[int] = field(default_factory=list)  # a Parquet file's row groups, their sizes once read
 
     def view(self) -> memoryview:
         assert self.mm is not None
@@ -67,6 +69,7 @@ class ShardProblem:
 
 
 EAGER_OPEN = 256  # shards a worker opens as soon as its epoch starts
+WINDOW_BYTES = 64 << 20  # Parquet row groups mixed at once: half the worker's row-group cache, so each is read once
 
 
 def open_ahead(shards: list[str] | tuple[str, ...], on_open: Callable[[int], None] | None = None,
@@ -140,15 +143,16 @@ def shuffle_order(groups: Iterable[list[T] | ShardProblem], buffer_size: int, se
 
 
 def block_order(groups: Iterable[list[T] | ShardProblem], block: int, seed: str,
-                unit_of: Callable[[T], Hashable | None] | None = None) -> Iterator[T | ShardProblem]:
+                unit_of: Callable[[T], tuple[Hashable, int] | None] | None = None) -> Iterator[T | ShardProblem]:
     """The items of ``block`` consecutive groups at once in a seeded uniform permutation, then the next block's.
 
     The epoch shuffle (``shuffle=True``): a worker reads its part of every shard of its rank (``epoch_plan``),
     so a block of 256 shards mixes samples of 256 places of the dataset at once — batches look like a uniform
     permutation's however the dataset was written — while at most ``block`` shards are mapped. A
     ``ShardProblem`` passes straight through and takes its place in the block, as its shard would have.
-    Items ``unit_of`` puts in one unit (a Parquet row group, decoded whole) stay together, in random order
-    among themselves, the units in random order: each row group is decoded once an epoch.
+    Items ``unit_of`` puts in one unit of so many bytes (a Parquet row group, decoded whole) are read a window
+    at a time: the units in a seeded order, as many at once as ``WINDOW_BYTES`` holds, their items mixed — so
+    each row group is decoded once an epoch, and small ones mix as widely as tar samples.
     """
     rng = random.Random(f"{seed}:block")
     items: list[T] = []
@@ -165,25 +169,37 @@ def block_order(groups: Iterable[list[T] | ShardProblem], block: int, seed: str,
     yield from _permute(items, unit_of, rng)
 
 
-def _permute(items: list[T], unit_of: Callable[[T], Hashable | None] | None, rng: random.Random) -> list[T]:
+def _permute(items: list[T], unit_of: Callable[[T], tuple[Hashable, int] | None] | None,
+             rng: random.Random) -> list[T]:
     units: dict[Hashable, list[T]] = {}
+    weights: dict[Hashable, int] = {}
     for n, item in enumerate(items):
-        key = unit_of(item) if unit_of is not None else None
-        units.setdefault(("item", n) if key is None else ("unit", key), []).append(item)
+        unit = unit_of(item) if unit_of is not None else None
+        key = ("item", n) if unit is None else ("unit", unit[0])
+        units.setdefault(key, []).append(item)
+        weights[key] = 0 if unit is None else unit[1]
     if len(units) == len(items):  # no units (tar, TFRecord): one uniform permutation
         rng.shuffle(items)
         return items
-    order = list(units.values())
-    rng.shuffle(order)
+    keys = list(units)
+    rng.shuffle(keys)
     out: list[T] = []
-    for unit in order:
-        rng.shuffle(unit)
-        out.extend(unit)
+    window: list[T] = []
+    held = 0
+    for key in keys:  # row groups in a seeded order, as many at once as WINDOW_BYTES holds, their rows mixed
+        if window and held + weights[key] > WINDOW_BYTES:
+            rng.shuffle(window)
+            out.extend(window)
+            window, held = [], 0
+        window.extend(units[key])
+        held += weights[key]
+    rng.shuffle(window)
+    out.extend(window)
     return out
 
 
 def order(groups: Iterable[list[T] | ShardProblem], buffer_size: int, block: int, seed: str,
-          unit_of: Callable[[T], Hashable | None] | None = None) -> Iterator[T | ShardProblem]:
+          unit_of: Callable[[T], tuple[Hashable, int] | None] | None = None) -> Iterator[T | ShardProblem]:
     """The one choice of shuffle: by blocks of shards (``block`` > 0), else through a buffer (``shuffle_order``);
     the workers' streams and the replay of an interrupted epoch both call it."""
     return block_order(groups, block, seed, unit_of) if block > 0 else shuffle_order(groups, buffer_size, seed)
@@ -216,6 +232,8 @@ def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: s
                 yield opened if k == 0 else []  # a shard read in parts is one problem: part 0's worker counts it
                 continue
             left = skip.get(ordinal, ())
+            if block > 0 and opened.mm is not None and is_parquet(path):  # its row groups' sizes, for the windows
+                opened.unit_bytes = row_group_bytes(opened.mm)
             group = [(opened, opened.samples[i], i) for i in range(k, len(opened.samples), n) if i not in left]
             opened.samples = []  # the group holds what is read: the rest of the index goes (a block holds many)
             opened.pending = len(group)
@@ -225,10 +243,13 @@ def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: s
             yield group
 
     pos = 0  # stream positions count samples; problems take none
-    def unit_of(item: tuple[OpenShard, Sample, int]) -> Hashable | None:
+    def unit_of(item: tuple[OpenShard, Sample, int]) -> tuple[Hashable, int] | None:
         opened, sample, _ = item
         place = sample.fields.get(RECORD)  # a Parquet row: (row group, row)
-        return (opened.ordinal, place[0]) if place is not None else None
+        if place is None:
+            return None
+        sizes = opened.unit_bytes
+        return (opened.ordinal, place[0]), sizes[place[0]] if place[0] < len(sizes) else 0
 
     for item in order(groups(), buffer_size, block, seed, unit_of):
         if isinstance(item, ShardProblem):
