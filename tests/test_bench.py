@@ -106,3 +106,21 @@ def test_a_run_of_some_workloads_keeps_the_hosts_other_sections_dated_and_checks
     assert any(t["target"].startswith("raw 1 MiB") for t in merged["targets"])  # checked again over the whole
     other = {**now, "settings": {**settings, "rounds": 1}}
     assert keep_earlier_sections(earlier, other, 2)["workloads"] == {"jpeg": jpeg}  # other settings: nothing kept
+
+
+def test_the_shuffle_quality_section_measures_each_loaders_order_on_a_class_sorted_dataset(tmp_path):
+    out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
+    run = subprocess.run(
+        [sys.executable, "-m", "feedline", "bench", "--quick", "--workers", "2", "--workloads", "shuffle",
+         "--json", str(out_json), "--markdown", str(out_md), "--host", "test-host", "--peers", "off",
+         "--cache-dir", str(tmp_path / "cache")],  # the peers' rows need .venv-peers: a ./scripts/bench run has them
+        capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {r["label"]: r for r in json.loads(out_json.read_text())["test-host"]["shuffle"]["rows"]}
+    assert set(rows) == {"feedline (default: the epoch, by blocks)", 'feedline shuffle="stream"',
+                         "webdataset (shardshuffle=100, .shuffle(1000))"}
+    assert all(r["complete"] and r["samples_per_s"] > 0 for r in rows.values())
+    ours, stream = rows["feedline (default: the epoch, by blocks)"], rows['feedline shuffle="stream"']
+    assert ours["distinct"] >= 0.95 * ours["uniform"] and abs(ours["spearman"]) <= 0.05
+    assert stream["distinct"] < ours["distinct"]
+    assert "### Shuffle quality (100 classes x 200 samples written in class order" in out_md.read_text()

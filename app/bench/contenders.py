@@ -54,7 +54,11 @@ def _webdataset(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[st
     import webdataset as wds
 
     convert = Convert(args.workload, args.image_size)
-    ds = wds.WebDataset(shards, shardshuffle=False, nodesplitter=wds.split_by_node, empty_check=False)
+    shuffled = getattr(args, "shuffle", "none") != "none"  # webdataset's documented use: shards, then a buffer
+    ds = wds.WebDataset(shards, shardshuffle=100 if shuffled else False, nodesplitter=wds.split_by_node,
+                        empty_check=False)
+    if shuffled:
+        ds = ds.shuffle(1000)
     if args.workload != "raw":
         ds = ds.decode("pil")
     ds = ds.map(convert).batched(args.batch_size, partial=True)
@@ -96,7 +100,9 @@ def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str,
 def _peer(name: str) -> Callable[[argparse.Namespace, list[str]], Iterable[dict[str, Any]]]:
     """A peer loader (``peers.py``, run by ``.venv-peers``'s Python): ``--shards`` is its format's directory."""
     def make(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
-        return peers.LOADERS[name](args.shards, args.workload, args.image_size, args.batch_size, args.workers)
+        shuffle = {"shuffle": True} if getattr(args, "shuffle", "none") != "none" else {}  # Mosaic's, LitData's
+        return peers.LOADERS[name](args.shards, args.workload, args.image_size, args.batch_size, args.workers,
+                                   **shuffle)
 
     return make
 
@@ -124,10 +130,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     deadline = None
     epochs = 0
     first: dict[str, Any] = {"labels": [], "shapes": set()}  # --report-epoch: what the first epoch delivered
+    order: list[list[int]] = []  # --report-order: the first epoch's labels, batch by batch, as delivered
     try:
         while True:
             for batch in loader:
                 n, b, tensors = _batch_payload(batch)
+                if args.report_order:
+                    order.append([int(x) for x in batch["cls"].tolist()] if isinstance(batch, dict)
+                                 else [int(s["cls"]) for s in batch])
                 if args.report_epoch and epochs == 0 and isinstance(batch, dict):
                     first["labels"] += batch["cls"].tolist()
                     first["shapes"] |= {(*v.shape[1:], str(v.dtype)) for k, v in batch.items()
@@ -143,9 +153,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 elif t_start is not None:
                     samples += n
                     nbytes += b
-                    if time.perf_counter() >= deadline:  # type: ignore[operator]
+                    if time.perf_counter() >= deadline and not args.report_order:  # type: ignore[operator]
                         raise StopIteration
             epochs += 1
+            if args.report_order:  # one epoch, whole: its order is the result
+                raise StopIteration
     except StopIteration:
         pass
     if cuda is not None:
@@ -164,6 +176,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         peers.close(args.loader)
     import PIL
 
+    if args.report_order:
+        extra["order"] = order
     if args.report_epoch:
         extra["first_epoch"] = {"complete": epochs > 0, "labels": sorted(first["labels"]),
                                 "shapes": sorted(first["shapes"])}
@@ -263,7 +277,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache", default="", help="feedline: read a sampler's cache instead of --shards")
     p.add_argument("--mix", action="store_true", help="feedline: the shards as a two-source mixture")
     p.add_argument("--shuffle", choices=("none", "epoch", "stream"), default="none",
-                   help="feedline: the sample order (none: the rows' default, shard by shard)")
+                   help="feedline: the sample order (none: the rows' default, shard by shard); webdataset, Mosaic, "
+                        "LitData: epoch or stream turns their own shuffle on")
+    p.add_argument("--report-order", action="store_true",
+                   help="read one whole epoch and add its labels, batch by batch as delivered (shuffle quality)")
     p.add_argument("--report-epoch", action="store_true",
                    help="add the first epoch's labels and sample shapes to the result (a check that it is whole)")
     args = p.parse_args(argv)

@@ -120,7 +120,8 @@ def write(peer: str, shards: list[str], out: str, workload: str) -> None:
     open(os.path.join(out, MARK), "w").close()
 
 
-def mosaic_loader(path: str, workload: str, image_size: int, batch_size: int, workers: int) -> Iterable[Any]:
+def mosaic_loader(path: str, workload: str, image_size: int, batch_size: int, workers: int,
+                  shuffle: bool = False) -> Iterable[Any]:
     """Mosaic's ``StreamingDataset`` over local MDS shards in a torch ``DataLoader`` (its documented use), the
     sample converted in the worker as the DataLoader row does."""
     import torch
@@ -135,17 +136,18 @@ def mosaic_loader(path: str, workload: str, image_size: int, batch_size: int, wo
         def __getitem__(self, i: int) -> dict[str, Any]:
             return convert(super().__getitem__(i))
 
-    ds = Converted(local=path, shuffle=False, batch_size=batch_size)
+    ds = Converted(local=path, shuffle=shuffle, batch_size=batch_size)
     return torch.utils.data.DataLoader(ds, batch_size=batch_size, num_workers=workers, persistent_workers=True,
                                        pin_memory=torch.cuda.is_available(), prefetch_factor=4)
 
 
-def litdata_loader(path: str, workload: str, image_size: int, batch_size: int, workers: int) -> Iterable[Any]:
+def litdata_loader(path: str, workload: str, image_size: int, batch_size: int, workers: int,
+                   shuffle: bool = False) -> Iterable[Any]:
     """LitData's ``StreamingDataset`` over its optimized chunks in its ``StreamingDataLoader``, the sample
     converted by the dataset's ``transform`` (in the worker)."""
     import litdata
 
-    ds = litdata.StreamingDataset(input_dir=path, shuffle=False, transform=Convert(workload, image_size))
+    ds = litdata.StreamingDataset(input_dir=path, shuffle=shuffle, transform=Convert(workload, image_size))
     return litdata.StreamingDataLoader(ds, batch_size=batch_size, num_workers=workers, persistent_workers=True,
                                        prefetch_factor=4)
 

@@ -170,6 +170,17 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
         out.append({"target": "e2e: ResNet-50 step fed by feedline within 5 % of synthetic data on the device",
                     "value": f"{100 * r[0]:.0f} % ({100 * r[1]:.0f}-{100 * r[2]:.0f}) of the ceiling, starvation "
                              f"{e2e['feedline'].get('starvation', 0):.2f}", "met": r[0] >= 0.95})
+    shuffled = {r["label"]: r for r in results.get("shuffle", {}).get("rows", [])}
+    ours, stream = shuffled.get("feedline (default: the epoch, by blocks)"), shuffled.get('feedline shuffle="stream"')
+    if ours:
+        out.append({"target": "shuffle: a class-sorted dataset's batches >= 95 % of a uniform shuffle's distinct "
+                              "classes and Spearman within ±0.05",
+                    "value": f"{100 * ours['distinct'] / ours['uniform']:.0f} %, {ours['spearman']:+.2f}",
+                    "met": ours["distinct"] >= 0.95 * ours["uniform"] and abs(ours["spearman"]) <= 0.05})
+    if ours and stream:
+        out.append({"target": "shuffle: the epoch order's samples/s vs the stream order's (a row; the raw and JPEG "
+                              "rows read shard by shard)",
+                    "value": f"{ours['samples_per_s'] / stream['samples_per_s']:.2f}x", "met": None})
     cc = results.get("cuda_copy")
     if cc and raw:
         row = raw["feedline (copy)"]
@@ -312,6 +323,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
             lines += ["", "The demo model on the JPEG workload, 1 decode worker a rank, epochs after the first; "
                           "two nodes each run their own sampler over their own partition of the store.", ""]
         lines += _e2e_lines(r.get("e2e"), "gpu" in r["machine"])
+        if r.get("shuffle"):
+            from .shuffle_section import markdown_lines
+
+            lines += markdown_lines(r["shuffle"])
         if r.get("cuda_copy"):
             cc = r["cuda_copy"]
             lines += [f"torch's own host-to-device copy here: pinned {cc['pinned_gb_per_s']:.1f} GB/s, "

@@ -24,7 +24,8 @@ from ..api.config import parse_size
 from ..demo.datasets import make_dataset
 from ..preflight import pil_is_simd
 from .report import CEILING, render_markdown, targets
-from .sections import keep_earlier_sections
+from .sections import SECTIONS, keep_earlier_sections
+from .shuffle_section import Runners, shuffle_workload
 from .rounds import AGAINST_DRAFT, Contender, interleaved, split_against_draft
 from .shm import remove_orphaned_torch_shm, torch_shm
 
@@ -51,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--raw-samples", type=int, default=1024, help="1 MiB samples in the raw workload")
     p.add_argument("--jpeg-samples", type=int, default=4000)
     p.add_argument("--sample-size", default="1MiB")
-    p.add_argument("--workloads", default="raw,jpeg,captioned,scaling,sampler,distributed,e2e")
+    p.add_argument("--workloads", default="raw,jpeg,captioned,scaling,sampler,distributed,e2e,shuffle")
     p.add_argument("--e2e-model", choices=("resnet50", "tiny"), default="resnet50",
                    help="e2e: the training step's model (tiny: a CPU check of the path, not a measurement)")
     p.add_argument("--e2e-steps", type=int, default=50, help="e2e: timed steps per run")
@@ -207,17 +208,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                                             "warmup": args.warmup, "quick": args.quick}, "workloads": {}}
     try:
         for workload in workloads:
-            if workload == "sampler":
-                results["sampler"] = _sampler_workload(args, shm_root)
-                continue
-            if workload == "distributed":
-                results["distributed"] = _distributed_workload(args, shm_root)
-                continue
-            if workload == "scaling":
-                results["scaling"] = _scaling_workload(args, shm_root)
-                continue
-            if workload == "e2e":
-                results["e2e"] = _e2e_workload(args, shm_root)
+            if workload in SECTIONS:  # a section of its own, not a loader workload's rows
+                results[workload] = {"sampler": _sampler_workload, "distributed": _distributed_workload,
+                                     "scaling": _scaling_workload, "e2e": _e2e_workload,
+                                     "shuffle": _shuffle_workload}[workload](args, shm_root)
                 continue
             count = args.raw_samples if workload == "raw" else args.jpeg_samples // (2 if workload == "captioned"
                                                                                      else 1)
@@ -237,6 +231,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(shm_root, ignore_errors=True)
     results["targets"] = targets(results, args.workers)
     return results
+
+
+def _shuffle_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
+    return shuffle_workload(args, shm_root, Runners(_contender, _peer_contender, _peer_formats, _peers_python))
 
 
 def _at_once(args: argparse.Namespace) -> int:
