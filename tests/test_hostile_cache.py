@@ -139,11 +139,17 @@ def test_the_retain_room_is_the_replaced_fraction_of_the_budget_for_either_polic
         assert s.retain_room() == 16 << 20 and s.store.retain_bytes == 16 << 20
 
 
-def test_a_loader_closed_after_its_epoch_ends_its_lease_and_one_closed_mid_epoch_keeps_it(tmp_path, data):
+def leased_cache(tmp_path, data) -> str:
+    """A cache of two published shards whose store keeps what a reader's lease (600 s) names."""
     cache = str(tmp_path / "cache")
     store = CacheStore(cache, 10 * shard_bytes(data), leased=lambda: leased_ids(cache, 600))
     for k in range(2):
         publish_copy(store, data, k)
+    return cache
+
+
+def test_a_loader_closed_after_its_epoch_ends_its_lease_and_one_closed_mid_epoch_keeps_it(tmp_path, data):
+    cache = leased_cache(tmp_path, data)
     with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC) as loader:
         it = iter(loader)
         next(it)
@@ -233,10 +239,7 @@ def test_a_reader_whose_lease_went_stale_during_a_long_pause_writes_it_again_at_
     import feedline.cache.source as source
 
     monkeypatch.setattr(source, "TOUCH_EVERY", 0.0)
-    cache = str(tmp_path / "cache")
-    store = CacheStore(cache, 10 * shard_bytes(data), leased=lambda: leased_ids(cache, 600))
-    for k in range(2):
-        publish_copy(store, data, k)
+    cache = leased_cache(tmp_path, data)
     with StagingLoader(cache=cache, batch_size=4, workers=1, spec=SPEC) as loader:
         it = iter(loader)
         next(it)

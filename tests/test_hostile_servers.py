@@ -37,6 +37,17 @@ def is_closed(sock: socket.socket) -> bool:
         return True
 
 
+def read_to_end(sock: socket.socket) -> bytes:
+    """What the server sends until it closes (a reset ends it too)."""
+    answer = b""
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+    except ConnectionError:
+        pass
+    return answer
+
+
 def seconds_until_closed(sock: socket.socket, limit: float) -> float | None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < limit:
@@ -146,12 +157,7 @@ def test_a_connection_past_the_cap_while_every_slot_is_answering_is_turned_away_
         late = connect(store)
         t0 = time.monotonic()
         late.sendall(b"GET /b.tar HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        answer = b""
-        try:
-            while chunk := late.recv(65536):
-                answer += chunk
-        except ConnectionError:
-            pass
+        answer = read_to_end(late)
         turned_away_in = time.monotonic() - t0
         threads = threading.active_count() - before
         late.close()
@@ -192,12 +198,7 @@ def test_a_request_head_past_the_bound_is_refused():
             big.sendall(head + b"\r\n")
         except ConnectionError:
             pass
-        answer = b""
-        try:
-            while chunk := big.recv(65536):
-                answer += chunk
-        except ConnectionError:
-            pass
+        answer = read_to_end(big)
         big.close()
     assert answer == b"" or answer.startswith(b"HTTP/1.1 431 "), answer[:200]
 

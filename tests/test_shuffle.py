@@ -35,11 +35,35 @@ def epoch(shards, **settings):
         sorted(p for _, ps in batches for p in ps)
 
 
+def assert_mixed_as_uniform(shards) -> None:
+    """One epoch of record shards whose rows hold `cls` and their written position `pos`: every row once, batches
+    as mixed as a uniform shuffle's."""
+    with StagingLoader(shards, batch_size=BATCH, workers=2, fields=["cls", "pos"],
+                       spec={"cls": "int64", "pos": "int64"}) as loader:
+        batches = [(b["cls"].tolist(), b["pos"].tolist()) for b in loader]
+    labels = [c for c in range(CLASSES) for _ in range(PER_CLASS)]
+    q = measure([b for b, _ in batches], [p for _, ps in batches for p in ps], labels, BATCH)
+    assert sorted(p for _, ps in batches for p in ps) == list(range(CLASSES * PER_CLASS))
+    assert q.distinct_ratio >= 0.95 and abs(q.spearman) <= 0.05, q
+
+
 def test_the_default_shuffle_mixes_a_class_sorted_dataset_as_a_uniform_permutation_would(sorted_shards):
     q, seen = epoch(sorted_shards)
     assert seen == list(range(CLASSES * PER_CLASS))  # every sample once
     assert q.distinct_ratio >= 0.95, q
     assert abs(q.spearman) <= 0.05, q
+
+
+def test_each_epoch_is_mixed_in_another_order_and_the_same_seed_gives_the_same_epochs(sorted_shards):
+    def two_epochs(seed):
+        with StagingLoader(sorted_shards, batch_size=BATCH, workers=2, fields=["cls"], spec={"cls": "int64"},
+                           seed=seed) as loader:
+            return [[position(k) for b in loader for k in b["__key__"]] for _ in range(2)]
+
+    first, second = two_epochs(0)
+    assert sorted(first) == sorted(second) == list(range(CLASSES * PER_CLASS))
+    assert first != second and abs(spearman(first, second)) <= 0.05  # not the same order, nor a close one
+    assert two_epochs(0) == [first, second] and two_epochs(1)[0] != first
 
 
 def test_the_stream_shuffle_is_kept_for_those_who_rely_on_it_and_mixes_less(sorted_shards):
@@ -69,13 +93,7 @@ def test_tfrecord_files_written_in_class_order_are_mixed_as_tar_shards_are(tmp_p
         rows = range(k * PER_SHARD, (k + 1) * PER_SHARD)
         shards.append(str(write_records(tmp_path / f"sorted-{k:03d}.tfrecord",
                                         [{"cls": ("int64", [n // PER_CLASS]), "pos": ("int64", [n])} for n in rows])))
-    with StagingLoader(shards, batch_size=BATCH, workers=2, fields=["cls", "pos"],
-                       spec={"cls": "int64", "pos": "int64"}) as loader:
-        batches = [(b["cls"].tolist(), b["pos"].tolist()) for b in loader]
-    labels = [c for c in range(CLASSES) for _ in range(PER_CLASS)]
-    q = measure([b for b, _ in batches], [p for _, ps in batches for p in ps], labels, BATCH)
-    assert sorted(p for _, ps in batches for p in ps) == list(range(CLASSES * PER_CLASS))
-    assert q.distinct_ratio >= 0.95 and abs(q.spearman) <= 0.05, q
+    assert_mixed_as_uniform(shards)
 
 
 def test_parquet_files_written_in_class_order_are_mixed_a_window_of_row_groups_at_a_time(tmp_path):
@@ -88,10 +106,4 @@ def test_parquet_files_written_in_class_order_are_mixed_a_window_of_row_groups_a
         path = str(tmp_path / f"sorted-{k:03d}.parquet")
         pq.write_table(pa.table({"cls": [n // PER_CLASS for n in rows], "pos": rows}), path, row_group_size=250)
         shards.append(path)
-    with StagingLoader(shards, batch_size=BATCH, workers=2, fields=["cls", "pos"],
-                       spec={"cls": "int64", "pos": "int64"}) as loader:
-        batches = [(b["cls"].tolist(), b["pos"].tolist()) for b in loader]
-    labels = [c for c in range(CLASSES) for _ in range(PER_CLASS)]
-    q = measure([b for b, _ in batches], [p for _, ps in batches for p in ps], labels, BATCH)
-    assert sorted(p for _, ps in batches for p in ps) == list(range(CLASSES * PER_CLASS))
-    assert q.distinct_ratio >= 0.95 and abs(q.spearman) <= 0.05, q
+    assert_mixed_as_uniform(shards)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..loader.plan.rank import Rank
-from ..loader.settings import MIN_WORKER_MEMORY, LoaderSettings
+from ..loader.settings import MIN_WORKER_MEMORY, SHUFFLES, LoaderSettings
 from ..cache.mix import wait_for_layout
 from .mixing import MixError, check_parts, parse_mix
 from ..sampler.http import MAX_INDEX_BYTES
@@ -351,7 +351,7 @@ class Config:
         return LoaderSettings(
             batch_size=self.batch_size, workers=self.workers, max_workers=self.max_workers or None,
             transfer_threads=self.transfer_threads, ring_slots=self.ring_slots or None, shuffle_buffer=self.shuffle_buffer, seed=self.seed,
-            shuffle={"epoch": True, "stream": "stream", "none": False}[self.shuffle], shuffle_block=self.shuffle_block,
+            shuffle=SHUFFLES[self.shuffle], shuffle_block=self.shuffle_block,
             drop_last=self.drop_last, in_order=self.in_order, zero_copy=self.zero_copy,
             device=self.resolved_device(), max_sample_errors=self.max_sample_errors,
             worker_timeout=self.worker_timeout, stall_timeout=self.stall_timeout, side_bytes=self.side_bytes or None,

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..formats.transforms import RandomResizedCrop
+from ..loader.settings import SHUFFLES
 from . import peers
 from .samples import Convert, collate_mixed, tar_samples
 
@@ -94,7 +95,7 @@ def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str,
     return StagingLoader(**source, batch_size=args.batch_size, workers=args.workers,
                          transfer_threads=args.transfer_threads, spec=spec, transform=transform, device=device,
                          zero_copy=args.zero_copy, **decode,
-                         shuffle={"none": False, "epoch": True, "stream": "stream"}[getattr(args, "shuffle", "none")])
+                         shuffle=SHUFFLES[getattr(args, "shuffle", "none")])
 
 
 def _peer(name: str) -> Callable[[argparse.Namespace, list[str]], Iterable[dict[str, Any]]]:

@@ -138,11 +138,15 @@ class CacheStore:
         write_manifest(self.root, m)
         self._manifest = m
 
-    def _evict_locked(self, victims: list[ShardEntry]) -> None:
+    def _leases(self) -> set[str]:
+        """Ids the readers' leases name now (files read: once per eviction or publish)."""
+        return self._leased() if self._leased is not None else set()
+
+    def _evict_locked(self, victims: list[ShardEntry], leased: set[str] | None = None) -> None:
         if not victims:
             return
         gone = {v.id for v in victims}
-        leased = self._leased() if self._leased is not None else set()
+        leased = self._leases() if leased is None else leased
         for v in victims:
             if v.id in leased:
                 self._retained[v.id] = v.bytes
@@ -172,7 +176,7 @@ class CacheStore:
         if not self._retained:
             return []
         with self._lock:  # the leases read under the lock: an eviction meanwhile may retain for a newer lease
-            leased = self._leased() if self._leased is not None else set()
+            leased = self._leases()
             done = [i for i in self._retained if i not in leased]
             if not done:
                 return []
@@ -196,9 +200,10 @@ class CacheStore:
             self._evict_locked(victims)
             return victims
 
-    def _victims(self, size: int) -> list[ShardEntry] | None:
-        """The oldest shards whose eviction makes room for ``size`` bytes; None while that would retain more than
-        ``retain_bytes`` for readers' leases (one shard is always retained when nothing is: progress)."""
+    def _victims(self, size: int) -> tuple[list[ShardEntry], set[str]] | None:
+        """The oldest shards whose eviction makes room for ``size`` bytes, and the leases (read only when there
+        are victims); None while that would retain more than ``retain_bytes`` for readers' leases (one shard is
+        always retained when nothing is: progress)."""
         by_age = sorted(self._manifest.shards, key=lambda s: s.added_at)
         victims: list[ShardEntry] = []
         total = self._manifest.total_bytes
@@ -206,14 +211,16 @@ class CacheStore:
             v = by_age.pop(0)
             victims.append(v)
             total -= v.bytes
-        if self.retain_bytes is None or self._leased is None or not victims:
-            return victims
-        leased = self._leased()
+        if not victims:
+            return victims, set()
+        leased = self._leases()
+        if self.retain_bytes is None or self._leased is None:
+            return victims, leased
         kept = sum(v.bytes for v in victims if v.id in leased)
         retained = sum(self._retained.values())
         if kept and retained + kept > self.retain_bytes and retained > 0:
             return None
-        return victims
+        return victims, leased
 
     def _publish_now(self, shard_id: str, partial: str, size: int, index: ShardIndex, final: str, source: str,
                      sha256: str, fmt: str) -> ShardEntry | None:
@@ -222,10 +229,10 @@ class CacheStore:
             if any(s.id == shard_id for s in self._manifest.shards):
                 os.unlink(partial)
                 return next(s for s in self._manifest.shards if s.id == shard_id)
-            victims = self._victims(size)
-            if victims is None:
+            room = self._victims(size)
+            if room is None:
                 return None
-            self._evict_locked(victims)
+            self._evict_locked(*room)
             self._retained.pop(shard_id, None)  # fetched again: published (the same bytes) in its place
             self._unlink(shard_id, keep=fmt)  # a retained file of the id in another format: gone, not untracked
             write_index(index, index_path(final), FILE_MODE)

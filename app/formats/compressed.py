@@ -45,15 +45,18 @@ class TooLarge(ShardError):
     """A compressed shard that holds more than the room it may take."""
 
 
-class _HoleyTar:
-    """Writes a tar stream, leaving the data of members larger than ``bound`` as holes: every offset stays
-    where the tar put it, so the index and the workers see the member (and skip it, counted, for its size),
-    but a 1 GiB member of zeros in a 5 MB ``.tar.gz`` takes no room (a sparse file, tmpfs included)."""
+class _Holey:
+    """Copies a stream of framed items (a header, then data), leaving the data of items larger than ``bound`` as
+    holes: every offset stays where the stream put it, so the index and the workers see the item (and skip it,
+    counted, for its size), but a gigabyte of zeros in a few megabytes of gzip takes no room (a sparse file,
+    tmpfs included). A subclass says how long a header is and what follows it (``_framed``)."""
+
+    HEADER = 512
 
     def __init__(self, out: IO[bytes], bound: int):
         self.out, self.bound = out, bound
-        self.head = b""  # the part of a 512-byte header read so far
-        self.copy = 0  # bytes of the current member's data (padded) still to write
+        self.head = b""  # the part of a header read so far
+        self.copy = 0  # bytes of the current item's data still to write
         self.hole = 0  # ... or to leave as a hole
         self.holes = 0
 
@@ -69,15 +72,31 @@ class _HoleyTar:
                 self.out.seek(n, os.SEEK_CUR)
                 self.hole -= n
             else:
-                n = min(512 - len(self.head), len(view) - pos)
+                n = min(self.HEADER - len(self.head), len(view) - pos)
                 self.head += bytes(view[pos : pos + n])
-                if len(self.head) == 512:
-                    self._member(self.head)
+                if len(self.head) == self.HEADER:
+                    self.out.write(self.head)
+                    data, big = self._framed(self.head)
+                    if big:
+                        self.hole, self.holes = data, self.holes + 1
+                    else:
+                        self.copy = data
                     self.head = b""
             pos += n
 
-    def _member(self, header: bytes) -> None:
-        self.out.write(header)
+    def _framed(self, header: bytes) -> tuple[int, bool]:
+        """(the bytes of data after ``header``, whether they are past the bound: left as a hole)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.out.write(self.head)  # a header cut short: the index says the file is truncated
+        self.out.truncate(self.out.tell())  # a hole at the end still counts in the file's size
+
+
+class _HoleyTar(_Holey):
+    """A tar stream: members past the bound are holes; headers, pax and long-name records, links as they are."""
+
+    def _framed(self, header: bytes) -> tuple[int, bool]:
         field = header[124:136]
         if field[0] & 0x80:  # base-256 (GNU), for sizes past 8 GiB
             size = int.from_bytes(field[1:], "big")
@@ -85,58 +104,20 @@ class _HoleyTar:
             digits = field.split(b"\0", 1)[0].strip(b" ")
             size = int(digits, 8) if digits and all(48 <= c <= 55 for c in digits) else 0
         padded = (size + 511) // 512 * 512
-        if size > self.bound and header[156:157] in (b"0", b"\0", b"7"):  # a regular file's data
-            self.hole, self.holes = padded, self.holes + 1
-        else:  # headers, pax and long-name records, links: written as they are
-            self.copy = padded
-
-    def close(self) -> None:
-        self.out.truncate(self.out.tell())  # a hole at the end still counts in the file's size
+        return padded, size > self.bound and header[156:157] in (b"0", b"\0", b"7")  # a regular file's data
 
 
-class _HoleyRecords:
-    """Writes a TFRecord stream, leaving the data of records larger than ``bound`` as holes, as ``_HoleyTar``
-    does a tar's members: each record's 12-byte header (its length, and the length's CRC) is written, so the
-    index sees the record and a worker skips it, counted, for its length. A hole only ever stands for bytes
-    the stream held: a header whose length lies (its CRC does not match) leaves the rest of the copy a hole,
-    and the index refuses the file for that CRC, as it would the plain file."""
+class _HoleyRecords(_Holey):
+    """A TFRecord stream: each record's 12-byte header (its length, and the length's CRC) is written, its data
+    and data CRC left a hole past the bound. A hole only ever stands for bytes the stream held: a header whose
+    length lies (its CRC does not match) leaves the rest of the copy a hole, and the index refuses the file for
+    that CRC, as it would the plain file."""
 
-    def __init__(self, out: IO[bytes], bound: int):
-        self.out, self.bound = out, bound
-        self.head = b""  # the part of a record's header read so far
-        self.copy = self.hole = 0  # the current record's data and data CRC still to write, or to leave as a hole
-        self.holes = 0
+    HEADER = tfrecord.HEADER.size
 
-    def write(self, chunk: bytes) -> None:
-        view, pos = memoryview(chunk), 0
-        while pos < len(view):
-            if self.copy:
-                n = min(self.copy, len(view) - pos)
-                self.out.write(view[pos : pos + n])
-                self.copy -= n
-            elif self.hole:
-                n = min(self.hole, len(view) - pos)
-                self.out.seek(n, os.SEEK_CUR)
-                self.hole -= n
-            else:
-                n = min(tfrecord.HEADER.size - len(self.head), len(view) - pos)
-                self.head += bytes(view[pos : pos + n])
-                if len(self.head) == tfrecord.HEADER.size:
-                    self._record(self.head)
-                    self.head = b""
-            pos += n
-
-    def _record(self, header: bytes) -> None:
-        self.out.write(header)
+    def _framed(self, header: bytes) -> tuple[int, bool]:
         (length, _) = tfrecord.HEADER.unpack(header)
-        if length > self.bound:
-            self.hole, self.holes = length + tfrecord.TRAILER, self.holes + 1
-        else:
-            self.copy = length + tfrecord.TRAILER
-
-    def close(self) -> None:
-        self.out.write(self.head)  # a header cut short: the index says the file is truncated
-        self.out.truncate(self.out.tell())
+        return length + tfrecord.TRAILER, length > self.bound
 
 
 def decompress(src: str, dest: str, kind: str, max_bytes: int | None = None,
@@ -153,7 +134,7 @@ def decompress(src: str, dest: str, kind: str, max_bytes: int | None = None,
     written = 0
     try:
         with open(src, "rb") as f, _reader(f, kind) as r, create_new(dest) as out:  # never through a link
-            sink: IO[bytes] | _HoleyTar | _HoleyRecords = out
+            sink: IO[bytes] | _Holey = out
             if member_bound is not None:
                 sink = _HoleyRecords(out, member_bound) if records else _HoleyTar(out, member_bound)
             while True:
@@ -169,7 +150,7 @@ def decompress(src: str, dest: str, kind: str, max_bytes: int | None = None,
                 if stopped is not None and stopped():
                     raise InterruptedError(f"decompressing {src} was stopped")
                 sink.write(chunk)
-            if isinstance(sink, (_HoleyTar, _HoleyRecords)):
+            if isinstance(sink, _Holey):
                 sink.close()
                 if sink.holes:
                     log.warning("%s: %d %s larger than max_member_bytes=%d left out of its plain copy (skipped and "

@@ -62,6 +62,7 @@ def default_ring_slots(workers: int, transfer_threads: int, device_queue: int = 
 
 
 STREAM = "stream"  # shuffle="stream": shards in order through a shuffle buffer, as webdataset does
+SHUFFLES = {"epoch": True, "stream": STREAM, "none": False}  # the shuffle by name (FEEDLINE_SHUFFLE, the bench)
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,7 @@ class LoaderSettings:
         set_(self, "device_queue", _int("device_queue", self.device_queue, 1))
         set_(self, "shuffle_buffer", _int("shuffle_buffer", self.shuffle_buffer, 0))
         set_(self, "shuffle_block", _int("shuffle_block", self.shuffle_block, 1))
-        if self.shuffle not in (True, False, STREAM) or isinstance(self.shuffle, (int, float)) \
-                and not isinstance(self.shuffle, bool):
+        if not (isinstance(self.shuffle, bool) or self.shuffle == STREAM):
             raise SettingError("shuffle", f"must be True (the whole epoch, by blocks of shuffle_block shards), "
                                           f"'stream' (shards in order through shuffle_buffer) or False, got "
                                           f"{self.shuffle!r}")

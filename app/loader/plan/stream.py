@@ -171,16 +171,16 @@ def block_order(groups: Iterable[list[T] | ShardProblem], block: int, seed: str,
 
 def _permute(items: list[T], unit_of: Callable[[T], tuple[Hashable, int] | None] | None,
              rng: random.Random) -> list[T]:
+    found = [unit_of(item) for item in items] if unit_of is not None else []
+    if not any(found):  # no units (tar, TFRecord): one uniform permutation
+        rng.shuffle(items)
+        return items
     units: dict[Hashable, list[T]] = {}
     weights: dict[Hashable, int] = {}
-    for n, item in enumerate(items):
-        unit = unit_of(item) if unit_of is not None else None
+    for n, (item, unit) in enumerate(zip(items, found)):
         key = ("item", n) if unit is None else ("unit", unit[0])
         units.setdefault(key, []).append(item)
         weights[key] = 0 if unit is None else unit[1]
-    if len(units) == len(items):  # no units (tar, TFRecord): one uniform permutation
-        rng.shuffle(items)
-        return items
     keys = list(units)
     rng.shuffle(keys)
     out: list[T] = []
