@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -259,3 +260,41 @@ def trained_samples(shards: str, tmp_path) -> list[int]:
     assert out.returncode == 0, out.stderr[-3000:]
     with open(summary) as f:
         return [e["samples"] for e in json.load(f)["epochs"]]
+
+
+def within(seconds: float, call):
+    """``call()``'s result or exception (``out["value"]``, ``out["error"]``), from a thread given ``seconds``; fails
+    the test if it is still running (a client that would hang on a hostile store)."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still running after {seconds} s"
+    return out
+
+
+def store_sampler(store, cache, source, samplers, **env):
+    """`feedline sample` filling ``cache`` from an object store's ``source`` with the store's environment
+    (``store.env(**env)``: its endpoint and credentials), its retries quick; kept in ``samplers``."""
+    s = Sampler(None, cache, "--policy", "fill", "--budget", "64MiB", "--retry-max-seconds", "2", source=source,
+                env=store.env(**env))
+    samplers.append(s)
+    return s
+
+
+def cached_ids(cache):
+    """Every sample id a loader reads from ``cache`` in one epoch, sorted (2 KiB id samples)."""
+    from feedline import StagingLoader
+
+    seen = []
+    with StagingLoader(cache=cache, batch_size=10, workers=1, spec={"cls": "int64", "bin": ("uint8", (2048,))}) as loader:
+        for batch in loader:
+            seen += batch["cls"].tolist()
+    return sorted(seen)

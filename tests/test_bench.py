@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+from feedline.bench.report import SHARD_ORDER, STREAM_ORDER
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -20,13 +22,14 @@ def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(out_json.read_text())["test-host"]
     assert set(doc["workloads"]["raw"]) == {"feedline (zero-copy)", "feedline (copy)", "DataLoader",
-                                            "webdataset + DataLoader"}
+                                            "webdataset + DataLoader", SHARD_ORDER, STREAM_ORDER}
     jpeg = doc["workloads"]["jpeg"]
     assert jpeg["DataLoader + stock Pillow"]["pil"] != jpeg["feedline (zero-copy)"]["pil"]  # the real baseline
     assert all(row["samples_per_s"] > 0 for rows in doc["workloads"].values() for row in rows.values())
     assert set(doc["workloads"]["captioned"]) == {"feedline (zero-copy)", "feedline (copy)", "webdataset + DataLoader",
                                                   "DataLoader + hand-written collate"}
-    assert len(doc["targets"]) == 15  # every target but the distributed row
+    assert len(doc["targets"]) == 19  # every target but the distributed row
+    assert sum(t["target"].endswith("(the rows before it)") for t in doc["targets"]) == 2  # issue 50, raw and JPEG
     assert jpeg["feedline (two-source mix)"]["samples_per_s"] > 0  # the mixture's row (issue 25)
     assert any(t["target"].startswith("JPEG: a two-source mixture") for t in doc["targets"])
     assert jpeg["1 core, crop decoder"]["crop_decoder"] and not jpeg["1 core, draft"]["crop_decoder"]  # issue 35
@@ -37,6 +40,8 @@ def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
     assert fill["sampler_gb_per_s"] > 0 and fill["curl_gb_per_s"] > 0 and fill["urllib_gb_per_s"] > 0
     s3 = doc["sampler"]["s3"]
     assert s3["sampler_mb_per_s"] > 0 and s3["boto3_mb_per_s"] > 0
+    for cloud, sdk in (("gcs", "google-cloud-storage"), ("azure", "azure-storage-blob")):  # issue 51's rows
+        assert doc["sampler"][cloud]["sdk"] == sdk and doc["sampler"][cloud]["sampler_mb_per_s"] > 0
     training = doc["sampler"]["training"]
     assert training["prefilled"]["samples_per_s"] > 0 and training["filling"]["samples_per_s"] > 0
     assert all(len(row["rounds"]) == 1 for rows in doc["workloads"].values() for row in rows.values())

@@ -17,7 +17,7 @@ import time
 import tracemalloc
 
 import pytest
-from helpers import ROOT, id_shards, wait_for, write_tar
+from helpers import ROOT, id_shards, wait_for, within, write_tar
 from prometheus_client import generate_latest
 
 from feedline import StagingLoader
@@ -93,23 +93,6 @@ class Hostile(http.server.ThreadingHTTPServer):
         self.stopping.set()
         self.shutdown()
         self.server_close()
-
-
-def within(seconds: float, call):
-    """``call()``'s result or exception, from a thread given ``seconds``; fails the test if it is still running."""
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"still running after {seconds} s"
-    return out
 
 
 # -- (a) presigned queries and tokens, redacted -------------------------------------------------------------------

@@ -113,6 +113,44 @@ def test_a_state_saved_mid_epoch_over_parquet_files_resumes_exactly(tmp_path):
     assert full[:7] + rest == full
 
 
+def large_rows(path, ids, row_group_size):
+    """Rows of 20 KiB (an image's size): past GROUP_SPLIT_ROW_BYTES, so a part of the file is whole row groups."""
+    table = pa.table({"cls": pa.array(list(ids), pa.int64()),
+                      "bin": pa.array([bytes([i % 256]) * 64 for i in ids], pa.binary()),
+                      "jpg": pa.array([bytes([i % 256]) * (20 << 10) for i in ids], pa.binary())})
+    pq.write_table(table, str(path), row_group_size=row_group_size)
+    return str(path)
+
+
+def test_the_parts_of_a_parquet_file_of_large_rows_are_whole_row_groups_and_small_rows_every_nth_row(tmp_path):
+    from feedline.loader.plan.epoch_plan import part_indexes, row_groups_of
+
+    big = large_rows(tmp_path / "big.parquet", range(40), row_group_size=8)
+    small = pyarrow_rows(tmp_path / "small.parquet", range(40), row_group_size=8)
+    assert row_groups_of(small) is None  # small rows: every worker may decode every group, for a wider mix
+    groups = row_groups_of(big)
+    parts = [set(part_indexes(big, 40, (k, 3), groups)) for k in range(3)]
+    assert set().union(*parts) == set(range(40)) and sum(map(len, parts)) == 40  # disjoint, covering
+    for part in parts:  # no row group is in two parts: each is decoded by one worker
+        assert all({groups[i] for i in part}.isdisjoint({groups[i] for i in other}) for other in parts
+                   if other is not part)
+
+
+def test_parquet_files_of_large_rows_read_every_row_once_and_resume_exactly_and_elastically(tmp_path):
+    from test_resume import run
+
+    os.makedirs(tmp_path / "big")
+    for s in range(3):  # fewer files than workers, and the epoch shuffle: every file split between the workers
+        large_rows(tmp_path / "big" / f"big-{s}.parquet", range(s * 24, s * 24 + 24), row_group_size=5)
+    shards = str(tmp_path / "big" / "*.parquet")
+    full = run(tmp_path, shards=shards, workers=4, saves={"0:5": str(tmp_path / "s.json")})
+    per_epoch = len(full) // 2
+    assert sorted(i for b in full[:per_epoch] for i in b) == list(range(72))
+    assert run(tmp_path, shards=shards, workers=4, states=[str(tmp_path / "s.json")]) == full[5:]
+    rest = run(tmp_path, shards=shards, workers=3, states=[str(tmp_path / "s.json")], elastic=True, epochs=1)
+    assert sorted([i for b in full[:5] for i in b] + [i for b in rest for i in b]) == list(range(72))
+
+
 def test_a_mixture_of_tar_and_parquet_sources(tmp_path):
     tars = id_shards(str(tmp_path / "tar"), shards=2, per_shard=20)
     rows = pyarrow_rows(tmp_path / "p.parquet", range(100, 140), row_group_size=16)

@@ -5,7 +5,9 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, Sampler, id_shards, manifest_ids, wait_for, write_tar
+from helpers import ROOT, id_shards, manifest_ids, wait_for, write_tar
+from helpers import cached_ids as all_ids
+from helpers import store_sampler as sampler
 
 from feedline.demo.procs import free_port
 from feedline.demo.s3store import S3Store
@@ -30,23 +32,6 @@ def s3_shards(s3, tmp_path):
     s3.upload(src, "train")
     s3.client.put_object(Bucket=BUCKET, Key="other/ids-9999.tar", Body=open(src / "ids-0000.tar", "rb").read())
     return src
-
-
-def sampler(s3, cache, source, samplers, **env):
-    s = Sampler(None, cache, "--policy", "fill", "--budget", "64MiB", "--retry-max-seconds", "2", source=source,
-                env=s3.env(**env))
-    samplers.append(s)
-    return s
-
-
-def all_ids(cache):
-    from feedline import StagingLoader
-
-    seen = []
-    with StagingLoader(cache=cache, batch_size=10, workers=1, spec={"cls": "int64", "bin": ("uint8", (2048,))}) as loader:
-        for batch in loader:
-            seen += batch["cls"].tolist()
-    return sorted(seen)
 
 
 def test_a_brace_list_of_keys_fills_the_cache_and_every_sample_reaches_the_loader(s3, s3_shards, cache, samplers):

@@ -114,9 +114,9 @@ def test_shards_take_brace_lists_file_urls_and_double_colon_lists(tmp_path):
         assert len(rows(loader)) == 48
 
 
-def test_a_remote_url_on_the_loader_points_to_the_sidecar():
-    with pytest.raises(SettingError, match="feedline sample --source"):
-        StagingLoader("https://store/shard-{000000..000009}.tar")
+def test_a_remote_url_the_loaders_sidecar_cannot_reach_is_refused_naming_why():
+    with pytest.raises(SettingError, match="sidecar started for https://store.invalid/.* is unreachable"):
+        StagingLoader("https://store.invalid/shard-{000000..000009}.tar")  # a URL: fetched by a sidecar of its own
 
 
 @pytest.mark.parametrize("name, hint", [("num_workers", "workers="), ("pin_memory", "device='cuda'"),

@@ -19,6 +19,7 @@ from ..loader.settings import MIN_WORKER_MEMORY, SHUFFLES, LoaderSettings
 from ..cache.mix import wait_for_layout
 from .mixing import MixError, check_parts, parse_mix
 from ..sampler.http import MAX_INDEX_BYTES
+from .owned_sidecar import remote_source
 from ..sampler.settings import DEFAULT_CACHE, SidecarSettings
 
 ENV_PREFIX = "FEEDLINE_"
@@ -345,7 +346,11 @@ class Config:
                 except MixError as exc:
                     raise ConfigError(f"mix (FEEDLINE_MIX / --mix): {exc}") from None
             return {"sources": sources}
-        return {"cache": self.cache} if self.cache else {"shards": self.shard_list()}
+        if self.cache:
+            return {"cache": self.cache}
+        shards = self.shard_list()
+        # remote shards: the loader's own sidecar fetches them, into at most the sampler's budget
+        return {"shards": shards, **({"cache_budget": self.budget} if remote_source(shards) else {})}
 
     def loader_settings(self) -> LoaderSettings:
         return LoaderSettings(

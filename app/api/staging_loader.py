@@ -1,10 +1,13 @@
-"""What ``from feedline import StagingLoader`` gives: the library loader, plus a metrics endpoint on request.
+"""What ``from feedline import StagingLoader`` gives: the library loader, plus a metrics endpoint on request
+and a sampler sidecar of its own for remote shards.
 
-The library's ``feedline.loader.loader.StagingLoader`` serves nothing and knows no
-Prometheus; this front wires the face's parts to it: with ``metrics_port=`` it
-starts this process's ``/metrics``, ``/healthz`` and ``/readyz`` (the port is
-bound first, so one in use is refused before any worker starts) and hands the
-loader the exporter's sink. The exporter closes with the loader.
+The library's ``feedline.loader.loader.StagingLoader`` serves nothing, knows no
+Prometheus and reads local files; this front wires the face's parts to it: with
+``metrics_port=`` it starts this process's ``/metrics``, ``/healthz`` and ``/readyz``
+(the port is bound first, so one in use is refused before any worker starts) and
+hands the loader the exporter's sink; with remote ``shards=`` (URLs, ``pipe:``) it
+starts and owns a sidecar (``owned_sidecar.py``) and reads its cache. Both close with
+the loader.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import os
 import weakref
 from typing import Any
 
-from .config import Config, ConfigError
+from .config import Config, ConfigError, parse_size
+from .owned_sidecar import OwnedSidecar, remote_source, split_shards
 from ..loader import loader
 from ..loader.plan.rank import Rank
 from ..metrics.catalog import LOADER
@@ -24,11 +28,41 @@ METRICS_PORT_SETTING = "metrics_port (--metrics-port / FEEDLINE_METRICS_PORT)"
 
 
 class StagingLoader(loader.StagingLoader):
-    """The staging loader; ``metrics_port`` (0: a free port) and ``metrics_addr`` serve its metrics."""
+    """The staging loader; ``metrics_port`` (0: a free port) and ``metrics_addr`` serve its metrics; remote
+    ``shards`` are fetched by a sidecar it owns into ``cache`` (default ``/dev/shm/feedline-<uid>-<hash>``), at
+    most ``cache_budget`` bytes (default: half the free space there, at most 16 GiB), removed on close unless
+    ``keep_cache``."""
 
     def __init__(self, *args: Any, metrics_port: int | None = None, metrics_addr: str = "127.0.0.1",
-                 sink: StatsSink | None = None, **kwargs: Any):
+                 sink: StatsSink | None = None, cache_budget: int | str | None = None, keep_cache: bool = False,
+                 **kwargs: Any):
         self.metrics: Exporter | None = None
+        self.sidecar: OwnedSidecar | None = None
+        source = remote_source(split_shards(args, kwargs))
+        if source is None and (cache_budget is not None or keep_cache):
+            raise ConfigError("cache_budget and keep_cache are for remote shards= (URLs or pipe:), which the loader "
+                              "fetches with a sidecar of its own; local shards and cache= need neither")
+        if source is not None:
+            args, kwargs = args[1:], {k: v for k, v in kwargs.items() if k != "shards"}
+            min_shards = int(kwargs.get("min_shards", 1))
+            budget = parse_size(cache_budget) if cache_budget is not None else None
+            self.sidecar = OwnedSidecar(source, cache=kwargs.pop("cache", None), budget=budget,
+                                        min_shards=min_shards, keep_cache=keep_cache)
+            kwargs["cache"] = self.sidecar.cache
+            try:
+                self.sidecar.wait(min_shards, float(kwargs.get("wait_timeout", 60.0)))
+            except BaseException:
+                self.sidecar.close()
+                raise
+        try:
+            self._start(args, metrics_port, metrics_addr, sink, kwargs)
+        except BaseException:
+            if self.sidecar is not None:
+                self.sidecar.close()
+            raise
+
+    def _start(self, args: Any, metrics_port: int | None, metrics_addr: str, sink: StatsSink | None,
+               kwargs: dict[str, Any]) -> None:
         if metrics_port is None:
             super().__init__(*args, sink=sink, **kwargs)
             return
@@ -69,6 +103,10 @@ class StagingLoader(loader.StagingLoader):
         return cls.from_settings(settings, **source, **kwargs)
 
     def close(self) -> None:
-        super().close()
-        if self.metrics is not None:
-            self._close_metrics()
+        try:
+            super().close()
+        finally:
+            if self.metrics is not None:
+                self._close_metrics()
+            if self.sidecar is not None:
+                self.sidecar.close()

@@ -55,7 +55,7 @@ def _webdataset(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[st
     import webdataset as wds
 
     convert = Convert(args.workload, args.image_size)
-    shuffled = getattr(args, "shuffle", "none") != "none"  # webdataset's documented use: shards, then a buffer
+    shuffled = getattr(args, "shuffle", "default") in ("epoch", "stream")  # its documented use: shards, then a buffer
     ds = wds.WebDataset(shards, shardshuffle=100 if shuffled else False, nodesplitter=wds.split_by_node,
                         empty_check=False)
     if shuffled:
@@ -95,13 +95,13 @@ def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str,
     return StagingLoader(**source, batch_size=args.batch_size, workers=args.workers,
                          transfer_threads=args.transfer_threads, spec=spec, transform=transform, device=device,
                          zero_copy=args.zero_copy, **decode,
-                         shuffle=SHUFFLES[getattr(args, "shuffle", "none")])
+                         shuffle=SHUFFLES.get(getattr(args, "shuffle", "default"), True))  # default: the epoch
 
 
 def _peer(name: str) -> Callable[[argparse.Namespace, list[str]], Iterable[dict[str, Any]]]:
     """A peer loader (``peers.py``, run by ``.venv-peers``'s Python): ``--shards`` is its format's directory."""
     def make(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
-        shuffle = {"shuffle": True} if getattr(args, "shuffle", "none") != "none" else {}  # Mosaic's, LitData's
+        shuffle = {"shuffle": True} if getattr(args, "shuffle", "default") in ("epoch", "stream") else {}
         return peers.LOADERS[name](args.shards, args.workload, args.image_size, args.batch_size, args.workers,
                                    **shuffle)
 
@@ -277,9 +277,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device-decode", action="store_true", help="feedline, jpeg: decode where the batch lands")
     p.add_argument("--cache", default="", help="feedline: read a sampler's cache instead of --shards")
     p.add_argument("--mix", action="store_true", help="feedline: the shards as a two-source mixture")
-    p.add_argument("--shuffle", choices=("none", "epoch", "stream"), default="none",
-                   help="feedline: the sample order (none: the rows' default, shard by shard); webdataset, Mosaic, "
-                        "LitData: epoch or stream turns their own shuffle on")
+    p.add_argument("--shuffle", choices=("default", "none", "epoch", "stream"), default="default",
+                   help="feedline: the sample order (default: the loader's, the epoch shuffle; none: shard by shard); "
+                        "webdataset, Mosaic, LitData: epoch or stream turns their own shuffle on (default: off)")
     p.add_argument("--report-order", action="store_true",
                    help="read one whole epoch and add its labels, batch by batch as delivered (shuffle quality)")
     p.add_argument("--report-epoch", action="store_true",

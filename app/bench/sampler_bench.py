@@ -1,6 +1,6 @@
 """The sampler's benchmark: fill rate from a loopback HTTP store (against curl and urllib) and from a
-local S3 server (against boto3's own parallel download), and training throughput while the sidecar
-fills the cache (against a pre-filled cache)."""
+local S3 server (against boto3's own parallel download), from GCS and Azure emulators (against each cloud's
+own SDK), and training throughput while the sidecar fills the cache (against a pre-filled cache)."""
 
 from __future__ import annotations
 
@@ -182,6 +182,92 @@ def s3_fill_rate(src: str, shm_root: str, threads: int = 4, count: int = 8, reps
     mb = {k: [total / t / 1e6 for t in v] for k, v in times.items()}
     return {"shards": len(names), "bytes": total, "threads": threads, "reps": reps,
             "sampler_mb_per_s": _median(mb["sidecar"]), "boto3_mb_per_s": _median(mb["boto3"]), "runs_mb_per_s": mb}
+
+
+def _cloud_fill_rate(kind: str, src: str, shm_root: str, threads: int, count: int, reps: int) -> dict[str, Any]:
+    """The sidecar filling from a local emulator (fake-gcs-server or Azurite) against that cloud's own Python
+    SDK downloading the same objects with its defaults, in as many threads; medians of ``reps`` interleaved
+    runs, after one warm-up round of each."""
+    from ..demo.cloudstores import AzuriteEmulator, GcsEmulator
+
+    src = in_memory(src, shm_root)
+    names = sorted(os.path.basename(s) for s in glob.glob(os.path.join(src, "*.tar")))[:count]
+    total = sum(os.path.getsize(os.path.join(src, n)) for n in names)
+    out = os.path.join(shm_root, "out")
+    sdk_name = "google-cloud-storage" if kind == "gcs" else "azure-storage-blob"
+    times: dict[str, list[float]] = {"sidecar": [], sdk_name: []}
+    server: Any = GcsEmulator("bench") if kind == "gcs" else AzuriteEmulator("bench")
+    with server:
+        keys = server.upload(src, "raw", names)
+        first, last = names[0][:-4].rsplit("-", 1), names[-1][:-4].rsplit("-", 1)[1]
+        scheme = "gs" if kind == "gcs" else "az"
+        source = f"{scheme}://bench/raw/{first[0]}-{{{first[1]}..{last}}}.tar"
+        env = server.env()
+
+        if kind == "gcs":
+            from google.auth.credentials import AnonymousCredentials
+            from google.cloud import storage
+
+            os.environ["STORAGE_EMULATOR_HOST"] = server.url  # the SDK's own way to an emulator
+            bucket = storage.Client(project="bench", credentials=AnonymousCredentials()).bucket("bench")
+
+            def one(key: str) -> None:
+                bucket.blob(key).download_to_filename(os.path.join(out, key[4:]))
+        else:
+            from azure.storage.blob import BlobServiceClient
+
+            service = BlobServiceClient.from_connection_string(env["AZURE_STORAGE_CONNECTION_STRING"])
+            container = service.get_container_client("bench")
+
+            def one(key: str) -> None:
+                with open(os.path.join(out, key[4:]), "wb") as f:
+                    container.download_blob(key).readinto(f)
+
+        def plain() -> None:
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(one, keys))
+
+        try:
+            for rep in range(reps + 1):  # the first round warms the emulator and this machine up: not counted
+                times["sidecar"].append(_sidecar_fill(source, os.path.join(shm_root, "fill"), 2 * total, len(names),
+                                                      threads, env=env))
+                os.makedirs(out)
+                times[sdk_name].append(_timed(plain))
+                shutil.rmtree(out)
+                if rep == 0:
+                    times = {k: [] for k in times}
+        finally:
+            if kind == "gcs":
+                os.environ.pop("STORAGE_EMULATOR_HOST", None)
+            else:  # its kept-alive connections would hold Azurite's graceful stop open
+                service.close()
+    mb = {k: [total / t / 1e6 for t in v] for k, v in times.items()}
+    sampler, sdk = _median(mb["sidecar"]), _median(mb[sdk_name])
+    return {"shards": len(names), "bytes": total, "threads": threads, "reps": reps, "sdk": sdk_name,
+            "sampler_mb_per_s": sampler, "sdk_mb_per_s": sdk, "ratio": sampler / sdk, "runs_mb_per_s": mb}
+
+
+def gcs_fill_rate(src: str, shm_root: str, threads: int = 4, count: int = 8, reps: int = 3) -> dict[str, Any]:
+    """The sidecar filling from fake-gcs-server against google-cloud-storage's ``Blob.download_to_filename``
+    of the same objects in as many threads (``_cloud_fill_rate``)."""
+    return _cloud_fill_rate("gcs", src, shm_root, threads, count, reps)
+
+
+def azure_fill_rate(src: str, shm_root: str, threads: int = 4, count: int = 8, reps: int = 3) -> dict[str, Any]:
+    """The sidecar filling from Azurite against azure-storage-blob's ``download_blob().readinto`` of the same
+    blobs in as many threads (``_cloud_fill_rate``)."""
+    return _cloud_fill_rate("azure", src, shm_root, threads, count, reps)
+
+
+def cloud_fill_rates(src: str, shm_root: str, reps: int) -> dict[str, dict[str, Any]]:
+    """Issue 51's rows: the sidecar from each cloud's emulator against that cloud's SDK (``gcs``, ``azure``)."""
+    out = {}
+    for name, rate in (("gcs", gcs_fill_rate), ("azure", azure_fill_rate)):
+        print(f"  sampler: fill rate from the {name} emulator, sidecar vs its SDK ...", file=sys.stderr, flush=True)
+        out[name] = rate(src, shm_root, reps=reps)
+        print(f"        sidecar {out[name]['sampler_mb_per_s']:.0f} MB/s, {out[name]['sdk']} "
+              f"{out[name]['sdk_mb_per_s']:.0f} MB/s", file=sys.stderr, flush=True)
+    return out
 
 
 def train_while_filling(src: str, shm_root: str, run_contender: Callable[..., dict[str, Any]],

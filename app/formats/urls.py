@@ -9,8 +9,12 @@
   and TFDS's ``<name>.tfrecord-00000-of-00016``; Parquet files: ``.parquet``); an **index file**
   when it ends in an index suffix (``.txt``, ``.lst``, ``.list``, ``.index``): one shard per line,
   optionally followed by its sha256 and size; anything else is refused with these rules named;
-- a local directory stands for the shards in it; a local glob for the shards it matches; an
-  ``s3://bucket/prefix/`` that is neither a shard nor an index stands for the shards under it.
+- a local directory stands for the shards in it; a local glob for the shards it matches; an object
+  store's ``s3://``, ``gs://``, ``az://`` or ``hf://`` prefix that is neither a shard nor an index stands
+  for the shards under it, and a glob there for the shards it matches;
+- ``pipe:COMMAND`` (webdataset's): the command's stdout is the shard; its name is the last word of the
+  command that names a shard (``pipe:curl -sL https://host/a/shard-0001.tar`` is ``shard-0001.tar``).
+  Only the user's own setting may name one: an index file never does.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ TFDS_NAME = re.compile(r"\.tfrecords?-\d+-of-\d+(\.gz)?$")  # TFDS's files: mnis
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd", *TFRECORD_SUFFIXES, ".parquet")
 STEM_MAX = 160  # a shard's cache id: its stem, and "-<8 hex>" where stems repeat (cache.manifest.ID_MAX)
 INDEX_SUFFIXES = (".txt", ".lst", ".list", ".index")
-REMOTE_SCHEMES = ("http://", "https://", "s3://")
+OBJECT_SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "hf://")  # sampler.stores.MODULES
+REMOTE_SCHEMES = ("http://", "https://", *OBJECT_SCHEMES)
+PIPE = "pipe:"
 RULES = (f"a shard ends in {', '.join(SHARD_SUFFIXES)} (or is TFDS's <name>.tfrecord-00000-of-00016) "
          f"(before any ?query); an index file in "
          f"{', '.join(INDEX_SUFFIXES)}; a local directory or glob stands for its shards")
@@ -59,8 +65,8 @@ def redact(url: str) -> str:
         netloc = u.netloc
     except ValueError:  # an unparseable netloc ("http://[::1"): nothing of it is shown
         return url.split("://", 1)[0] + "://" + REDACTED
-    if "@" in netloc:
-        netloc = REDACTED + "@" + netloc.rpartition("@")[2]
+    if "@" in netloc and not (u.scheme == "abfs" and ":" not in netloc.rpartition("@")[0]):
+        netloc = REDACTED + "@" + netloc.rpartition("@")[2]  # (abfs://container@account...: a container, no user)
     out = f"{u.scheme}://{netloc}{u.path}"
     if u.query:
         out += "?" + "&".join(part.partition("=")[0] + "=" + REDACTED if "=" in part else REDACTED
@@ -113,12 +119,27 @@ def _local_path(name: str) -> str:
 
 
 def url_path(name: str) -> str:
-    """The path part of a URL or a local path: what the suffix rules look at."""
+    """The path part of a URL or a local path: what the suffix rules look at (a ``pipe:``'s: its shard word's)."""
+    if is_pipe(name):
+        return pipe_target(name)
     return urllib.parse.urlsplit(name).path if is_remote(name) else name
 
 
 def is_remote(name: str) -> bool:
     return name.startswith(REMOTE_SCHEMES)
+
+
+def is_pipe(name: str) -> bool:
+    return name.startswith(PIPE)
+
+
+def pipe_target(name: str) -> str:
+    """The path of the shard a ``pipe:`` command reads: its last word that names a shard (a URL's path, a
+    file), else its last word; what the command's output is taken for (tar, TFRecord, Parquet) and named."""
+    words = name[len(PIPE):].split()
+    paths = [urllib.parse.urlsplit(w).path if "://" in w else w for w in words]
+    named = [p for p in paths if p.lower().endswith(SHARD_SUFFIXES) or TFDS_NAME.search(p.lower())]
+    return named[-1] if named else (paths[-1] if paths else "")
 
 
 def is_shard(name: str) -> bool:

@@ -1,8 +1,9 @@
 """Fetching one shard into ``shards/.partial/``: streamed, bounded, retried, verified.
 
 The transport is chosen by the URL: HTTP(S) (``http.py``: keep-alive connections per
-thread, proxies, an auth header, a speed floor), S3 (``s3.py``: boto3, ranged parallel
-GETs) or a local path. A few quick retries with exponential backoff and jitter (or what
+thread, proxies, an auth header, a speed floor, redirects), an object store (``stores.py``:
+S3 through boto3, GCS and Azure, ranged parallel GETs; the Hugging Face Hub, whose files
+are HTTPS underneath), a ``pipe:`` command (``pipe.py``) or a local path. A few quick retries with exponential backoff and jitter (or what
 ``Retry-After`` asks) cover a blip; a shard that still fails goes back to the sidecar,
 which tries it again later. A fetch that fails leaves no file behind.
 """
@@ -17,14 +18,15 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from ..formats.urls import is_remote, redact
+from ..formats.urls import IndexEntry, is_pipe, is_remote, redact
 from .errors import FETCH_ERRORS, FetchAborted, FetchError
 from .auth import auth_headers, auth_origins
 from .http import CHUNK, DENIED_FIX, MAX_INDEX_BYTES, HttpTransport, space_error
 from .ratelimit import RateLimiter
-from .s3 import S3Client, S3Error
+from .stores import StoreContext, StoreError, Stores, scheme_of
 from .settings import SidecarSettings
 from .sources import SourceError, SourceShard
 
@@ -57,10 +59,9 @@ class Fetcher:
         self.backoff = backoff
         self.stop = stop
         self.limiter = limiter
+        self.min_rate = min_rate
         self.http = HttpTransport(timeout, stop, limiter, min_rate, auth, ca_file, auth_origins)
-        self._threads = threads
-        self._s3: S3Client | None = None
-        self._s3_lock = threading.Lock()
+        self.stores = Stores(StoreContext(timeout, retries, threads, self.http))
 
     @classmethod
     def from_settings(cls, s: SidecarSettings, stop: threading.Event,
@@ -70,15 +71,19 @@ class Fetcher:
                    auth=auth_headers(s.auth_header, s.auth_header_file), on_error=on_error, threads=s.fetch_threads,
                    auth_origins=auth_origins(s.source, s.auth_extra_hosts), max_index_bytes=s.max_index_bytes)
 
-    @property
-    def s3(self) -> S3Client:
-        with self._s3_lock:
-            if self._s3 is None:
-                try:
-                    self._s3 = S3Client(read_timeout=self.timeout, retries=self.retries, threads=self._threads)
-                except S3Error as exc:
-                    raise FetchError(exc.reason, str(exc), exc.retry) from None
-            return self._s3
+    def store(self, url: str) -> Any:
+        """The object store ``url`` is in (``stores.py``), made at its first use; FetchError if it cannot be."""
+        try:
+            return self.stores.for_url(url)
+        except StoreError as exc:
+            raise FetchError(exc.reason, str(exc), exc.retry) from None
+
+    def list(self, url: str) -> list[IndexEntry]:
+        """The objects under an object store's prefix, with their sizes; SourceError naming what is wrong."""
+        try:
+            return [IndexEntry(o.url, "", o.size) for o in self.store(url).list(url)]
+        except (FetchError, StoreError) as exc:
+            raise SourceError(str(exc)) from None
 
     def close_thread(self) -> None:
         self.http.close_thread()
@@ -93,34 +98,50 @@ class Fetcher:
         """A remote index file, at most ``max_index_bytes`` of it; SourceError naming the URL (redacted)."""
         too_large = (f"index {redact(url)} is larger than max_index_bytes={self.max_index_bytes} bytes: raise "
                      f"max_index_bytes (--max-index-bytes / FEEDLINE_MAX_INDEX_BYTES) if it really is that large")
-        if url.startswith("s3://"):
+        credential, asked, store = None, url, None
+        if scheme_of(url):
             try:
-                return self.s3.text(url, self.max_index_bytes)
-            except S3Error as exc:
+                store = self.store(url)
+                if not hasattr(store, "resolve"):
+                    return store.text(url, self.max_index_bytes)
+                url, credential = store.resolve(url)
+            except (FetchError, StoreError) as exc:
                 raise SourceError(too_large if exc.reason == "too_large" else f"index {exc}") from None
         try:
-            status, reason, _, body = self.http.request("GET", url, max_body=self.max_index_bytes)
+            status, reason, _, body = self.http.request("GET", url, max_body=self.max_index_bytes,
+                                                        credential=credential)
         except FetchError as exc:
             raise SourceError(too_large if exc.reason == "too_large" else f"index {redact(url)}: {exc}") from None
         if status != 200:
+            if credential is not None and hasattr(store, "status_error"):  # the store's own fix (the Hub: HF_TOKEN)
+                raise SourceError(f"index {store.status_error(asked, status, reason)}")
             raise SourceError(f"index {redact(url)}: HTTP {status} {reason}" + (
                 f": {DENIED_FIX}" if status in (401, 403) else ""))
         return body.decode()
 
     def size(self, url: str, timeout: float) -> int | None:
         """A remote shard's size (HEAD), or None where the store does not say; FetchError if it cannot be asked."""
-        if url.startswith("s3://"):
+        credential, asked, store = None, url, None
+        if is_pipe(url):
+            return None  # known once the command has run
+        if scheme_of(url):
+            store = self.store(url)
             try:
-                return self.s3.size(url)
-            except S3Error as exc:
+                if not hasattr(store, "resolve"):
+                    return store.size(url)
+                url, credential = store.resolve(url)
+            except StoreError as exc:
                 raise FetchError(exc.reason, str(exc), exc.retry) from None
         shown = redact(url)
         try:
-            status, reason, length, _ = self.http.request("HEAD", url, timeout)
+            status, reason, length, _ = self.http.request("HEAD", url, timeout, credential=credential)
         except TimeoutError:
             raise FetchError("timeout", f"{shown}: no answer within {timeout:.0f} s", retry=True) from None
         except OSError as exc:
             raise FetchError("connection", f"{shown} is unreachable ({exc})", retry=True) from None
+        if status >= 400 and credential is not None and hasattr(store, "status_error"):
+            error = store.status_error(asked, status, reason)  # the store's own fix (the Hub: HF_TOKEN)
+            raise FetchError(error.reason, str(error), error.retry)
         if status in (401, 403):
             raise FetchError("denied", f"{shown}: HTTP {status} {reason}: {DENIED_FIX}", retry=False)
         if status in (404, 410):
@@ -153,31 +174,61 @@ class Fetcher:
                 raise
 
     def _once(self, shard: SourceShard, dest: str, max_bytes: int) -> int:
-        if shard.url.startswith("s3://"):
-            return self._s3_get(shard, dest, max_bytes)
+        if is_pipe(shard.url):
+            from .pipe import fetch_pipe
+
+            n = fetch_pipe(shard.url, dest, max_bytes, self.stop, self.limiter, self.timeout, self.min_rate)
+            self._check_sha(shard, dest)
+            return n
+        if scheme_of(shard.url):
+            store = self.store(shard.url)
+            if not hasattr(store, "resolve"):
+                return self._store_get(store, shard, dest, max_bytes)
+            try:
+                url, credential = store.resolve(shard.url)
+            except StoreError as exc:
+                raise FetchError(exc.reason, str(exc), exc.retry) from None
+            try:
+                return self.http.get(replace(shard, url=url), dest, max_bytes, credential=credential)
+            except FetchError as exc:
+                raise self._explained(store, shard.url, exc) from None
         if is_remote(shard.url):
             return self.http.get(shard, dest, max_bytes)
         return self._copy_local(shard, dest, max_bytes)
 
-    def _s3_get(self, shard: SourceShard, dest: str, max_bytes: int) -> int:
+    @staticmethod
+    def _explained(store: Any, url: str, exc: FetchError) -> FetchError:
+        """A refusal of a resolved store URL with the store's own fix (the Hub's names HF_TOKEN)."""
+        status = next((int(w) for w in str(exc).split() if w.isdigit() and 400 <= int(w) < 600), 0)
+        if exc.reason not in ("denied", "http_status") or not status or not hasattr(store, "status_error"):
+            return exc
+        error = store.status_error(url, status)
+        return FetchError(error.reason, str(error), error.retry, exc.retry_after)
+
+    def _store_get(self, store: Any, shard: SourceShard, dest: str, max_bytes: int) -> int:
+        """A shard from an object store's client (S3, GCS, Azure): its size checked against the budget before,
+        the budget, the stop and the rate cap at every chunk."""
         if shard.size is not None and shard.size > max_bytes:
             raise FetchError("too_large", f"{shard.size} bytes, larger than the budget {max_bytes}; raise --budget",
                              retry=False)
         got = 0
+        lock = threading.Lock()
 
-        def progress(n: int) -> None:  # in s3transfer's threads: raising stops the transfer
+        def progress(n: int) -> None:  # in the client's threads: raising stops the transfer
             nonlocal got
-            got += n
+            with lock:
+                got += n
+                over = got > max_bytes
             if self.stop.is_set():
                 raise FetchAborted()
-            if got > max_bytes:
+            if over:
                 raise FetchError("too_large", f"over {max_bytes} bytes, larger than the budget; raise --budget",
                                  retry=False)
             self.limiter.take(n, self.stop)
 
         try:
-            n = self.s3.download(shard.url, dest, progress)
-        except S3Error as exc:
+            n = store.download(shard.url, dest, progress)
+        except StoreError as exc:
             raise FetchError(exc.reason, str(exc), exc.retry) from None
         if shard.size is not None and n != shard.size:
             raise FetchError("truncated", f"got {n} bytes, the listing says {shard.size}", retry=True)

@@ -7,6 +7,10 @@
 - A body slower than ``min_rate`` bytes/s over ``timeout`` seconds is abandoned (curl's
   ``--speed-limit``/``--speed-time``); a socket silent for ``timeout`` seconds too.
 - ``Retry-After`` on 429/503 tells the retry when to come back.
+- Redirects (301, 302, 303, 307, 308) are followed, at most ``MAX_REDIRECTS`` hops, each on its host's own
+  connection (and proxy), to ``http:``/``https:`` only and never from ``https:`` down to ``http:``; a 3xx
+  answer's body is never read. The auth header goes to a hop whose origin the user configured; a
+  ``credential`` a caller gives (a Hub token) to the origin first asked only, never to the host it redirects to.
 - ``abort()`` shuts every open socket, so a stop never waits on a stalled read.
 - What a store answers is bounded before it is held: an index body by ``max_index_bytes``, a shard by
   the budget; an error answer's body is never read (the connection is closed instead).
@@ -31,6 +35,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from ..formats.files import create_new
+from ..formats.urls import redact
 from .auth import origin
 from .errors import FetchAborted, FetchError
 from .ratelimit import RateLimiter
@@ -41,6 +46,8 @@ log = logging.getLogger("feedline.sampler")
 CHUNK = 1 << 20
 MAX_INDEX_BYTES = 256 << 20  # an index of a million shards with their sha256 and size takes ~150 MB
 USER_AGENT = "feedline-sampler"
+REDIRECTS = frozenset((301, 302, 303, 307, 308))
+MAX_REDIRECTS = 10  # hops followed, as browsers and requests allow 20-30 and curl 50: a store needs one or two
 STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)  # a kept-alive connection closed
 DENIED_FIX = ("the store refuses us: give the header it expects with auth_header (FEEDLINE_AUTH_HEADER) or "
               "auth_header_file (FEEDLINE_AUTH_HEADER_FILE), or fix the URL's signature")
@@ -57,6 +64,34 @@ def _retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+def next_hop(url: str, status: int, reason: str, location: str | None, hops: int) -> str:
+    """Where the ``status`` redirect that ``url`` answered leads (``location`` resolved against ``url``), as the
+    ``hops``-th redirect; FetchError ``http_status``, not retried, for one not to follow: past ``MAX_REDIRECTS``,
+    to a scheme other than ``http:``/``https:`` (``file:``, ``s3:``...), or from ``https:`` down to ``http:``."""
+    said = f"HTTP {status} {reason}"
+    if not location:
+        raise FetchError("http_status", f"{said} names no Location to go to", retry=False)
+    # a space or a non-ASCII character quoted, as browsers and requests do: never one http.client refuses mid-chain
+    target = urllib.parse.quote(urllib.parse.urljoin(url, location.strip()), safe="!#$%&'()*+,/:;=?@[]~")
+    shown = redact(target)
+    try:
+        u = urllib.parse.urlsplit(target)
+        u.port  # noqa: B018 - a ValueError for a port that is not a number
+    except ValueError:
+        raise FetchError("http_status", f"{said} to {shown}: refused, not a URL", retry=False) from None
+    if hops >= MAX_REDIRECTS:
+        raise FetchError("http_status", f"{said} to {shown}: stopped after {MAX_REDIRECTS} redirects (a redirect "
+                                        f"loop?) from {redact(url)}", retry=False)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise FetchError("http_status", f"{said} to {shown}: refused, a redirect is followed to an http: or "
+                                        f"https: URL only", retry=False)
+    if u.scheme == "http" and url.lower().startswith("https:"):
+        raise FetchError("http_status", f"{said} to {shown}: refused, a redirect from https: down to http: would "
+                                        f"send the request in the clear", retry=False)
+    log.debug("%s: %s to %s", redact(url), said, shown)  # DEBUG only: a store redirecting every shard is normal
+    return target
 
 
 def space_error(exc: OSError, where: str) -> FetchError:
@@ -147,31 +182,51 @@ class HttpTransport:
                 except OSError:
                     pass
 
-    def _headers(self, u: urllib.parse.SplitResult) -> dict[str, str]:
-        """The auth header goes to the origin of the source the user configured, never to a host an index names."""
+    def _headers(self, u: urllib.parse.SplitResult, first: tuple[str, str, int] | None = None,
+                 credential: dict[str, str] | None = None) -> dict[str, str]:
+        """The auth header goes to the origin of the source the user configured, never to a host an index names
+        or a redirect leads to; a caller's ``credential`` to ``first`` (the origin first asked) only."""
         where = origin(u)
+        extra = credential if credential and where == first else {}
         if where in self._auth_origins:
-            return {"User-Agent": USER_AGENT, **self._auth()}
+            return {"User-Agent": USER_AGENT, **self._auth(), **extra}
         if where not in self._withheld and self._auth():
             self._withheld.add(where)
             log.warning("not sending the auth header to %s://%s:%d: not the origin of the source (%s)", *where,
                         ", ".join(f"{s}://{h}:{p}" for s, h, p in sorted(self._auth_origins)) or "none")
-        return {"User-Agent": USER_AGENT}
+        return {"User-Agent": USER_AGENT, **extra}
 
     # -- a whole shard ----------------------------------------------------------------------
 
-    def get(self, shard: SourceShard, dest: str, max_bytes: int) -> int:
-        """One attempt at ``shard`` into ``dest``; its size. Raises FetchError or FetchAborted."""
-        u = urllib.parse.urlsplit(shard.url)
-        proxy, target = self._route(u)
+    def get(self, shard: SourceShard, dest: str, max_bytes: int, credential: dict[str, str] | None = None) -> int:
+        """One attempt at ``shard`` into ``dest``, through its redirects; its size. Raises FetchError or
+        FetchAborted. ``credential``: headers for the origin of ``shard.url`` only (a redirect elsewhere drops them)."""
+        url = shard.url
+        first = origin(urllib.parse.urlsplit(url))
+        for hops in range(MAX_REDIRECTS + 1):
+            if self.stop.is_set():
+                raise FetchAborted()
+            u = urllib.parse.urlsplit(url)
+            proxy, target = self._route(u)  # per hop: the next host may be another proxy's, or none's
+            resp = self._ask(u, proxy, target, self._headers(u, first, credential))
+            if resp.status not in REDIRECTS:
+                return self._answer(resp, u, proxy, dest, shard, max_bytes)
+            try:
+                url = next_hop(url, resp.status, resp.reason, resp.getheader("Location"), hops)
+            finally:
+                self._drop(u, proxy)  # its body unread: the connection goes (a store may send an endless one)
+        raise AssertionError("unreachable: next_hop stops the chain")
+
+    def _ask(self, u: urllib.parse.SplitResult, proxy: str | None, target: str,
+             headers: dict[str, str]) -> http.client.HTTPResponse:
+        """A GET on this thread's kept-alive connection to the host (or proxy); the answer's head."""
         for fresh in (False, True):
             reused = False
             try:
                 conn = self._conn(u, proxy)
                 reused = conn.sock is not None  # connected by an earlier request: kept alive since
-                conn.request("GET", target, headers=self._headers(u))
-                resp = conn.getresponse()
-                break
+                conn.request("GET", target, headers=headers)
+                return conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 # a kept-alive connection the store closed while it idled (stores time idle ones out): once more on
                 # a new one, uncounted; a new connection that fails is the store's failure
@@ -179,6 +234,11 @@ class HttpTransport:
                     self._drop(u, proxy)
                     continue
                 raise self._broken(exc, u, proxy, answered=False) from None
+        raise AssertionError("unreachable")
+
+    def _answer(self, resp: http.client.HTTPResponse, u: urllib.parse.SplitResult, proxy: str | None, dest: str,
+                shard: SourceShard, max_bytes: int) -> int:
+        """The final (not a redirect) answer to a shard's GET: its body into ``dest``, checked; its size."""
         try:
             # an error answer's body is never read: the connection is dropped below instead (a store may answer an
             # endless one; S3's SignatureDoesNotMatch body quotes the canonical request, a presigned query in it)
@@ -278,30 +338,41 @@ class HttpTransport:
 
     # -- small requests ---------------------------------------------------------------------
 
-    def request(self, method: str, url: str, timeout: float | None = None,
-                max_body: int = 0) -> tuple[int, str, str | None, bytes]:
-        """One request on its own connection: (status, reason, Content-Length, body).
+    def request(self, method: str, url: str, timeout: float | None = None, max_body: int = 0,
+                credential: dict[str, str] | None = None) -> tuple[int, str, str | None, bytes]:
+        """One request, through its redirects, each hop on its own connection: the final answer's (status,
+        reason, Content-Length, body). ``credential``: headers for the origin of ``url`` only, as ``get``'s.
 
         The body is read from a 200 answer only, and at most ``max_body`` bytes of it (0: none): one longer,
         announced or streamed, is a FetchError ``too_large``; a slow one meets the speed floor as a shard does.
-        An error answer's body is never read: the connection is closed, so an endless one costs nothing.
+        An error or redirect answer's body is never read: the connection is closed, so an endless one costs nothing.
         """
-        u = urllib.parse.urlsplit(url)
-        proxy, target = self._route(u)
-        conn = self._connect(u, proxy, timeout or self.timeout)
-        try:
-            conn.request(method, target, headers=self._headers(u))
-            resp = conn.getresponse()
-            length = resp.getheader("Content-Length")
-            if method == "HEAD" or resp.status != 200 or max_body <= 0:
-                return resp.status, resp.reason, length, b""
-            if length is not None and length.isdigit() and int(length) > max_body:
-                raise FetchError("too_large", f"{length} bytes, over {max_body}", retry=False)
-            body = io.BytesIO()
-            self._pump(resp, memoryview(bytearray(min(CHUNK, max_body + 1))), body, None, max_body)
-            return resp.status, resp.reason, length, body.getvalue()
-        finally:
-            conn.close()
+        first = origin(urllib.parse.urlsplit(url))
+        for hops in range(MAX_REDIRECTS + 1):
+            u = urllib.parse.urlsplit(url)
+            proxy, target = self._route(u)
+            conn = self._connect(u, proxy, timeout or self.timeout)
+            try:
+                conn.request(method, target, headers=self._headers(u, first, credential))
+                resp = conn.getresponse()
+                if resp.status in REDIRECTS:
+                    url = next_hop(url, resp.status, resp.reason, resp.getheader("Location"), hops)
+                    continue
+                return self._small(method, resp, max_body)
+            finally:
+                conn.close()
+        raise AssertionError("unreachable: next_hop stops the chain")
+
+    def _small(self, method: str, resp: http.client.HTTPResponse, max_body: int) -> tuple[int, str, str | None, bytes]:
+        """The final answer to a small request: its body read from a 200 answer only, at most ``max_body`` bytes."""
+        length = resp.getheader("Content-Length")
+        if method == "HEAD" or resp.status != 200 or max_body <= 0:
+            return resp.status, resp.reason, length, b""
+        if length is not None and length.isdigit() and int(length) > max_body:
+            raise FetchError("too_large", f"{length} bytes, over {max_body}", retry=False)
+        body = io.BytesIO()
+        self._pump(resp, memoryview(bytearray(min(CHUNK, max_body + 1))), body, None, max_body)
+        return resp.status, resp.reason, length, body.getvalue()
 
 
 def _read_some(resp: http.client.HTTPResponse, buf: memoryview) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..formats.files import create_new
 from ..formats.urls import redact, redact_text
+from .stores import StoreContext, StoreError
 
 log = logging.getLogger("feedline.sampler")
 
@@ -32,13 +33,7 @@ PART = 16 << 20  # ranged GETs of this size, in parallel, for shards larger than
 _OURS = __name__.split(".")[0] + "."  # exceptions raised by feedline itself (the installed name)
 
 
-class S3Error(Exception):
-    """An S3 request that failed for a reason a person can act on; ``reason`` is its fetch-error label."""
-
-    def __init__(self, reason: str, message: str, retry: bool):
-        super().__init__(message)
-        self.reason = reason
-        self.retry = retry
+S3Error = StoreError  # its errors are the stores' (stores.py)
 
 
 @dataclass(frozen=True)
@@ -207,3 +202,8 @@ class S3Client:
     @property
     def client(self) -> Any:
         return self._client
+
+
+def open_store(context: StoreContext) -> S3Client:
+    """The ``s3://`` store of a fetcher (``stores.Stores``)."""
+    return S3Client(read_timeout=context.timeout, retries=context.retries, threads=context.threads)

@@ -24,12 +24,11 @@ from ..cache.store import CACHE_FOLDERS, BudgetError, CacheDirError, CacheStore
 from ..errors import SettingError
 from ..formats.compressed import TooLarge, decompress
 from ..formats.shard_index import ShardError
-from ..formats.urls import IndexEntry, is_remote, redact
+from ..formats.urls import is_remote, redact
 from ..preflight import SHM_HEADROOM, check_memory_for, fmt_bytes, fs_space
 from ..sink import NullSink, StatsSink
 from .fetch import FetchAborted, Fetcher, FetchError
 from .policy import FillPolicy, GrowPolicy, Policy, shard_plan
-from .s3 import S3Error
 from .schedule import RetrySchedule
 from .settings import SidecarSettings
 from .sources import SourceError, SourceShard, list_shards
@@ -76,18 +75,10 @@ class Sidecar:
 
     # -- start-up checks ----------------------------------------------------------------------
 
-    def _list_prefix(self, url: str) -> list[IndexEntry]:
-        try:
-            return [IndexEntry(o.url, "", o.size) for o in self.fetcher.s3.list(url)]
-        except FetchError as exc:
-            raise SourceError(str(exc)) from None
-        except S3Error as exc:
-            raise SourceError(str(exc)) from None
-
     def _list_source(self) -> list[SourceShard]:
         s = self.settings
         try:
-            shards = list_shards(s.source, self.fetcher.text, self._list_prefix)
+            shards = list_shards(s.source, self.fetcher.text, self.fetcher.list)
         except SourceError as exc:
             raise SettingError("source", str(exc)) from None
         except (OSError, FetchError) as exc:

@@ -8,7 +8,9 @@ with the stream position to resume from after a restart.
 A rank with fewer shards than workers splits each shard into ``n`` parts —
 part ``k`` is the samples whose index ``i`` has ``i % n == k``, read through the
 shard's index, no copy — with ``n`` chosen so that every worker gets the same
-share of every shard: a few large shards still keep every core busy.
+share of every shard: a few large shards still keep every core busy. A Parquet
+file is split by whole row groups instead (``part_indexes``): a row group is
+decoded whole, so rows of one group in two workers would be decoded twice.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Mapping
+import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ...formats.parquet import RECORD, row_group_bytes
 from ...formats.shard_index import ShardError, load_index
+from ...formats.urls import is_parquet
 from .mixture import Mixture
 from .rank import Rank
 
@@ -52,6 +57,40 @@ def part_size(samples: int, part: Part) -> int:
     """How many of a shard's ``samples`` indexes fall in ``part``."""
     k, n = part
     return max(0, (samples - k + n - 1) // n)
+
+
+GROUP_SPLIT_ROW_BYTES = 16 << 10  # rows this large on average: a Parquet file is split by row groups
+
+
+def part_indexes(path: str, count: int, part: Part, groups: Sequence[int] | None = None) -> Sequence[int]:
+    """The sample indexes of a shard that ``part`` reads: ``i % n == k``; or, with ``groups`` (each row's row group,
+    ``split_groups``), whole row groups: group ``g`` is in part ``k`` when ``(g + h) % n == k``, ``h`` a hash of the
+    path, so files of one row group each do not all go to part 0."""
+    k, n = part
+    if n == 1:
+        return range(count)
+    if groups is None:
+        return range(k, count, n)
+    h = zlib.crc32(path.encode())
+    return [i for i, g in enumerate(groups[:count]) if (g + h) % n == k]
+
+
+def split_groups(path: str, rows: Sequence[int], sizes: Sequence[int]) -> Sequence[int] | None:
+    """``rows`` (each row's row group) when a Parquet file's parts should be whole row groups, else None.
+
+    A row group is decoded whole, so a row split puts every group in every worker: decoded ``n`` times. That
+    costs little for small rows (and mixes an epoch better: every worker sees every group); for large rows
+    (images, tensors: at least ``GROUP_SPLIT_ROW_BYTES`` on average) decoding is the cost, so groups are split."""
+    if not is_parquet(path) or not rows:
+        return None
+    return rows if sum(sizes) >= GROUP_SPLIT_ROW_BYTES * len(rows) else None
+
+
+def row_groups_of(path: str) -> Sequence[int] | None:
+    """``split_groups`` of a Parquet file on disk (its index and footer); a ShardError if it cannot be read."""
+    if not is_parquet(path):
+        return None
+    return split_groups(path, [s.fields[RECORD][0] for s in load_index(path).samples], row_group_bytes(path))
 
 
 def assign(mine: list[str], workers: int) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[Part, ...], ...]]:
@@ -144,6 +183,7 @@ class EpochPlan:
     skip: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # per entry: delivered before, or not drawn
     mixture: Mixture | None = None
     interleaved: bool = False  # the epoch shuffle: every worker reads its part of every shard (``interleave``)
+    _groups: dict[str, Sequence[int] | None] = field(default_factory=dict, compare=False, repr=False)  # Parquet rows'
 
     @classmethod
     def make(cls, shards: list[str] | tuple[str, ...], *, epoch: int, seed: int, rank: Rank, workers: int,
@@ -186,14 +226,26 @@ class EpochPlan:
             n = 0
             for entry, part in zip(shards, parts):
                 path = self.path_of(entry)
+                groups = None
+                if part != WHOLE and is_parquet(path):  # split by row groups: which rows, from its index
+                    try:
+                        groups = self._groups[path] if path in self._groups else row_groups_of(path)
+                        self._groups[path] = groups
+                    except ShardError:
+                        pass
                 if counts is not None and path in counts:
                     count = counts[path]
+                elif groups is not None:
+                    count = len(groups)
                 else:
                     try:
                         count = len(load_index(path).samples)
                     except ShardError:
                         continue
-                n += part_size(count, part) - sum(1 for i in self.skip.get(entry, ()) if in_part(i, part))
+                members = part_indexes(path, count, part, groups)
+                skipped = self.skip.get(entry, ())
+                n += len(members) - (sum(1 for i in skipped if in_part(i, part)) if groups is None
+                                     else len(set(skipped) & set(members)))
             total += n // batch_size if drop_last else -(-n // batch_size)
         return total
 

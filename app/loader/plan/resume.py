@@ -28,7 +28,7 @@ from ...errors import SettingError
 from ...formats.parquet import RECORD, row_group_bytes
 from ...formats.shard_index import ShardError, load_index
 from ...formats.urls import is_parquet
-from .epoch_plan import EpochPlan, stream_seed
+from .epoch_plan import EpochPlan, part_indexes, split_groups, stream_seed
 from .mixture import Mixture
 from .rank import Rank
 from .stream import ShardProblem, order
@@ -247,6 +247,12 @@ def delivered_samples(states: Sequence[Mapping[str, Any]]) -> dict[str, set[int]
         group = known[0][i]
         return (entry, group), known[1][group] if group < len(known[1]) else 0
 
+    def rows_of(entry: str) -> Sequence[int] | None:
+        """Each row's row group for a Parquet file whose parts are whole row groups (``split_groups``)."""
+        unit_of((entry, 0))  # reads the file's index and footer once
+        known = row_groups[entry]
+        return split_groups(plan.path_of(entry), *known) if known is not None else None
+
     done: dict[str, set[int]] = {}
     for st in states:
         plan = EpochPlan.from_state(st["plan"])
@@ -257,7 +263,9 @@ def delivered_samples(states: Sequence[Mapping[str, Any]]) -> dict[str, set[int]
             taken = st["per_worker"][w][1] if not st["finished"] else float("inf")
             if not taken:
                 continue
-            groups = ([(entry, i) for i in range(k, samples_of(plan.path_of(entry)), n) if i not in skip.get(entry, ())]
+            groups = ([(entry, i) for i in part_indexes(plan.path_of(entry), samples_of(plan.path_of(entry)), (k, n),
+                                                         rows_of(entry) if n > 1 else None)
+                       if i not in skip.get(entry, ())]
                       for entry, (k, n) in zip(entries, parts))
             seed = stream_seed(plan.seed, plan.epoch, plan.rank.rank, w)
             buffer = int(st["shuffle_buffer"]) if plan.shuffle else 0

@@ -13,7 +13,7 @@ from typing import Protocol
 from ...errors import SettingError
 from ...formats.compressed import Inflator
 from ...formats.shard_index import ShardError, load_index
-from ...formats.urls import RULES, ShardListError, expand, is_remote, local_shards
+from ...formats.urls import RULES, ShardListError, expand, is_pipe, is_remote, local_shards, redact
 from ..errors import LoaderError
 from .mixture import Mixture, Source, mix_epoch
 
@@ -69,10 +69,11 @@ class PathSource:
         if not self.names:
             raise SettingError("shards", "the list is empty; give shard paths, globs, a directory or an index file "
                                          "such as 'data/shard-{000000..000099}.tar'")
-        remote = [n for n in self.names if is_remote(n)]
+        remote = [n for n in self.names if is_remote(n) or is_pipe(n)]
         if remote:
-            raise SettingError("shards", f"{remote[0]} is remote: the loader reads local files. Fetch remote shards "
-                                         f"with the sampler sidecar (feedline sample --source URL --cache DIR) and "
+            raise SettingError("shards", f"{redact(remote[0])} is remote: this loader reads local files. "
+                                         f"`from feedline import StagingLoader` fetches remote shards with a sidecar "
+                                         f"of its own; or run one (feedline sample --source URL --cache DIR) and "
                                          f"read its cache with cache=DIR")
 
     def snapshot(self) -> list[str]:

