@@ -81,7 +81,7 @@ class FakeHub:
             server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.hub.server_address[1]}"
         self.cdn_url = f"http://127.0.0.2:{self.cdn.server_address[1]}"
-        self._threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (self.hub, self.cdn)]
+        self._threads = [threading.Thread(target=s.serve_forever, args=(0.05,), daemon=True) for s in (self.hub, self.cdn)]
         for t in self._threads:
             t.start()
 

@@ -62,9 +62,11 @@ def test_an_index_file_gives_urls_checksums_and_sizes(tmp_path):
     assert shards[1].url == str(tmp_path / "sub" / "y.tar")
 
 
-def test_pipe_and_shell_sources_are_refused():
-    with pytest.raises(SourceError, match="pipe"):
-        list_shards("pipe:curl http://x/a.tar")
+def test_a_pipe_source_is_a_shard_per_command_and_other_schemes_are_refused_naming_those_supported():
+    assert [(s.url, s.id) for s in list_shards("pipe:curl -sf http://x/a-{0..1}.tar")] == [
+        ("pipe:curl -sf http://x/a-0.tar", "a-0"), ("pipe:curl -sf http://x/a-1.tar", "a-1")]  # issue 51
+    with pytest.raises(SourceError, match="supported are http.*pipe:COMMAND"):
+        list_shards("ftp://x/a.tar")
 
 
 def test_the_same_seed_gives_the_same_plan_without_replacement(data):

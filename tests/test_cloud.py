@@ -70,14 +70,18 @@ def emulators():
         assert server.proc.poll() is not None, "an emulator outlived its module"
 
 
-@pytest.fixture(params=CLOUDS)
-def cloud(request, emulators):
-    _needs(request.param)
-    kind = "gcs" if request.param == "gcs" else "azure"  # az:// and abfs:// both read Azurite
+def _emulator(emulators, kind):
+    """The module's emulator of ``kind`` (``gcs`` or ``azure``), started at its first use."""
+    _needs(kind)
     if kind not in emulators:
         emulators[kind] = GcsEmulator(BUCKET) if kind == "gcs" else AzuriteEmulator(BUCKET)
         KEPT_FOR_THE_MODULE.add(emulators[kind].proc.pid)
-    return Cloud(request.param, emulators[kind])
+    return emulators[kind]
+
+
+@pytest.fixture(params=CLOUDS)
+def cloud(request, emulators):
+    return Cloud(request.param, _emulator(emulators, "gcs" if request.param == "gcs" else "azure"))  # az, abfs: Azurite
 
 
 @pytest.fixture
@@ -154,25 +158,24 @@ def test_no_credentials_are_refused_naming_the_variables(cloud, cloud_shards, ca
         assert "no Azure credentials" in err and "AZURE_STORAGE_ACCOUNT_KEY" in err
 
 
-@pytest.mark.parametrize("form", ["train/ids-{0000..0001}.tar", "train/"])
-def test_wrong_azure_credentials_are_refused_as_access_denied(cache, form, tmp_path):
-    _needs("azure")
+@pytest.mark.parametrize("form", ["denied/ids-{0000..0001}.tar", "denied/"])
+def test_wrong_azure_credentials_are_refused_as_access_denied(emulators, cache, form, tmp_path):
     from feedline.demo.cloudstores import DEV_ACCOUNT
 
-    with AzuriteEmulator(BUCKET) as server:
-        with open(write_tar(str(tmp_path / "s.tar"), [("k", {"bin": b"x"})]), "rb") as f:
-            shard = f.read()
-        server.put("train/ids-0000.tar", shard)
-        server.put("train/ids-0001.tar", shard)
-        wrong = server.connection_string(key="d3Jvbmcgd3Jvbmcgd3Jvbmcgd3Jvbmc=")
-        err = refusal(cache, f"az://{BUCKET}/{form}", {"AZURE_STORAGE_CONNECTION_STRING": wrong})
-        assert "access denied" in err and BUCKET in err
-        # the account and key as two variables, the standard other way to say them
-        err = refusal(cache, f"az://{BUCKET}/{form}", {"AZURE_STORAGE_ACCOUNT_NAME": DEV_ACCOUNT,
-                                                      "AZURE_STORAGE_ACCOUNT_KEY": "d3Jvbmcgd3Jvbmc=",
-                                                      "AZURE_STORAGE_CONNECTION_STRING": wrong.replace(
-                                                          "AccountKey=d3Jvbmcgd3Jvbmcgd3Jvbmcgd3Jvbmc=;", "")})
-        assert "access denied" in err
+    server = _emulator(emulators, "azure")
+    with open(write_tar(str(tmp_path / "s.tar"), [("k", {"bin": b"x"})]), "rb") as f:
+        shard = f.read()
+    server.put("denied/ids-0000.tar", shard)
+    server.put("denied/ids-0001.tar", shard)
+    wrong = server.connection_string(key="d3Jvbmcgd3Jvbmcgd3Jvbmcgd3Jvbmc=")
+    err = refusal(cache, f"az://{BUCKET}/{form}", {"AZURE_STORAGE_CONNECTION_STRING": wrong})
+    assert "access denied" in err and BUCKET in err
+    # the account and key as two variables, the standard other way to say them
+    err = refusal(cache, f"az://{BUCKET}/{form}", {"AZURE_STORAGE_ACCOUNT_NAME": DEV_ACCOUNT,
+                                                  "AZURE_STORAGE_ACCOUNT_KEY": "d3Jvbmcgd3Jvbmc=",
+                                                  "AZURE_STORAGE_CONNECTION_STRING": wrong.replace(
+                                                      "AccountKey=d3Jvbmcgd3Jvbmcgd3Jvbmcgd3Jvbmc=;", "")})
+    assert "access denied" in err
 
 
 class _Answering(http.server.BaseHTTPRequestHandler):
@@ -201,7 +204,7 @@ def answering():
     def start(status, code):
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answering)
         server.status, server.code = status, code
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}"
 

@@ -48,7 +48,7 @@ class HeaderLog(http.server.ThreadingHTTPServer):
                 pass
 
         super().__init__(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
 
     @property
     def url(self) -> str:

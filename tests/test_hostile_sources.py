@@ -80,7 +80,7 @@ class Hostile(http.server.ThreadingHTTPServer):
 
         super().__init__(("127.0.0.1", 0), Handler)
         self.daemon_threads = True
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
 
     @property
     def url(self) -> str:

@@ -74,7 +74,7 @@ class Store(http.server.ThreadingHTTPServer):
             self.socket = tls.wrap_socket(self.socket, server_side=True)
         self.daemon_threads = True
         self.scheme = "https" if tls else "http"
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
 
     @property
     def url(self) -> str:

