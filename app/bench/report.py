@@ -8,6 +8,16 @@ from typing import Any
 from .rounds import fmt_ratio, ratio
 
 
+def _cores_busy(store: str, c: dict[str, Any]) -> str:
+    """What the emulator and the whole machine used during each client's runs: on a machine of few cores the
+    emulator shares them with the client, which bounds any client's rate."""
+    if "server_cores" not in c:
+        return ""
+    server, machine = c["server_cores"], c["machine_cores"]
+    return (f" Cores busy (of {c['cores']}), sidecar vs {c['sdk']}: {store} {server['sampler']:.2f} vs "
+            f"{server['sdk']:.2f}, the whole machine {machine['sampler']:.2f} vs {machine['sdk']:.2f}.")
+
+
 def _pct(row: dict[str, Any], metric: str = "main_cpu_pct") -> str:
     """``12.5 %`` with the rounds' range where there were several."""
     lo, hi = row.get("range", {}).get(metric, (row[metric], row[metric]))
@@ -346,7 +356,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                               f"{c['threads']} fetch threads: **{c['sampler_mb_per_s']:.0f} MB/s**; {c['sdk']} "
                               f"downloading the same objects with its defaults in {c['threads']} threads: "
                               f"{c['sdk_mb_per_s']:.0f} MB/s (medians of {c['reps']} interleaved runs after a "
-                              f"warm-up).", ""]
+                              f"warm-up).{_cores_busy(store, c)}", ""]
             lines += [
                       f"Training (JPEG workload, zero-copy) from a pre-filled cache: "
                       f"{t['prefilled']['samples_per_s']:.0f} samples/s; from an empty cache the sidecar fills "

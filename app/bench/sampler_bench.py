@@ -96,10 +96,29 @@ def _plain_http(url: str, names: list[str], out: str, threads: int) -> None:
         list(pool.map(one, names))
 
 
-def _timed(fn: Callable[[], object]) -> float:
+def _timed(fn: Callable[[], object], mark: Callable[[], None] | None = None) -> float:
+    if mark is not None:
+        mark()
     t0 = time.monotonic()
     fn()
-    return time.monotonic() - t0
+    t = time.monotonic() - t0
+    if mark is not None:
+        mark()
+    return t
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (/proc: the emulators are not our children's kin)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _busy_seconds() -> float:
+    """CPU seconds this whole machine has been busy, summed over its cores (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
 
 
 def _median(xs: list[float]) -> float:
@@ -107,12 +126,17 @@ def _median(xs: list[float]) -> float:
 
 
 def _sidecar_fill(source: str, cache: str, budget: int, count: int, threads: int,
-                  env: dict[str, str] | None = None) -> float:
-    """Seconds from the sidecar's start of work (/healthz answers) to ``count`` shards cached."""
+                  env: dict[str, str] | None = None, mark: Callable[[], None] | None = None) -> float:
+    """Seconds from the sidecar's start of work (/healthz answers) to ``count`` shards cached; ``mark()`` is
+    called at both ends of that span."""
     port = free_port()
     with _sampler(source, cache, budget, port, "--fetch-threads", str(threads), env=env):
         t_up = _until(lambda: _up(port), 60, "the sampler to start")
+        if mark is not None:
+            mark()
         t_all = _until(lambda: _cached(cache) == count, 300, "the cache to fill")
+        if mark is not None:
+            mark()
     shutil.rmtree(cache)
     return t_all - t_up
 
@@ -196,6 +220,8 @@ def _cloud_fill_rate(kind: str, src: str, shm_root: str, threads: int, count: in
     out = os.path.join(shm_root, "out")
     sdk_name = "google-cloud-storage" if kind == "gcs" else "azure-storage-blob"
     times: dict[str, list[float]] = {"sidecar": [], sdk_name: []}
+    busy: dict[str, list[float]] = {"sidecar": [], sdk_name: []}  # the emulator's cores busy during each run
+    machine: dict[str, list[float]] = {"sidecar": [], sdk_name: []}  # and the whole machine's
     server: Any = GcsEmulator("bench") if kind == "gcs" else AzuriteEmulator("bench")
     with server:
         keys = server.upload(src, "raw", names)
@@ -227,16 +253,28 @@ def _cloud_fill_rate(kind: str, src: str, shm_root: str, threads: int, count: in
             with ThreadPoolExecutor(threads) as pool:
                 list(pool.map(one, keys))
 
+        marks: list[tuple[float, float]] = []
+
+        def mark() -> None:
+            marks.append((_cpu_seconds(server.proc.pid), _busy_seconds()))
+
+        def measured(who: str, run: Callable[[], float]) -> None:
+            marks.clear()
+            times[who].append(run())
+            (server0, machine0), (server1, machine1) = marks[0], marks[-1]
+            busy[who].append((server1 - server0) / times[who][-1])
+            machine[who].append((machine1 - machine0) / times[who][-1])
+
         try:
             warm = 1 if reps > 1 else 0  # a --quick run (one rep) is a check, not a measurement: no warm-up
             for rep in range(reps + warm):  # the first round warms the emulator and this machine up: not counted
-                times["sidecar"].append(_sidecar_fill(source, os.path.join(shm_root, "fill"), 2 * total, len(names),
-                                                      threads, env=env))
+                measured("sidecar", lambda: _sidecar_fill(source, os.path.join(shm_root, "fill"), 2 * total,
+                                                          len(names), threads, env=env, mark=mark))
                 os.makedirs(out)
-                times[sdk_name].append(_timed(plain))
+                measured(sdk_name, lambda: _timed(plain, mark))
                 shutil.rmtree(out)
                 if rep == 0 and warm:
-                    times = {k: [] for k in times}
+                    times, busy, machine = ({k: [] for k in times} for _ in range(3))
         finally:
             if kind == "gcs":
                 os.environ.pop("STORAGE_EMULATOR_HOST", None)
@@ -245,7 +283,10 @@ def _cloud_fill_rate(kind: str, src: str, shm_root: str, threads: int, count: in
     mb = {k: [total / t / 1e6 for t in v] for k, v in times.items()}
     sampler, sdk = _median(mb["sidecar"]), _median(mb[sdk_name])
     return {"shards": len(names), "bytes": total, "threads": threads, "reps": reps, "sdk": sdk_name,
-            "sampler_mb_per_s": sampler, "sdk_mb_per_s": sdk, "ratio": sampler / sdk, "runs_mb_per_s": mb}
+            "sampler_mb_per_s": sampler, "sdk_mb_per_s": sdk, "ratio": sampler / sdk, "runs_mb_per_s": mb,
+            "server_cores": {"sampler": _median(busy["sidecar"]), "sdk": _median(busy[sdk_name])},
+            "machine_cores": {"sampler": _median(machine["sidecar"]), "sdk": _median(machine[sdk_name])},
+            "cores": os.cpu_count()}
 
 
 def gcs_fill_rate(src: str, shm_root: str, threads: int = 4, count: int = 8, reps: int = 3) -> dict[str, Any]:

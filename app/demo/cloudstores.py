@@ -4,7 +4,8 @@
   ships in its wheel), in memory, speaking GCS's JSON and XML APIs; clients reach it through
   ``STORAGE_EMULATOR_HOST``. It checks no credentials.
 - ``AzuriteEmulator``: Azurite's blob service (npm ``azurite``, installed by scripts/setup into
-  ``.cache/azurite``), which checks Shared Key signatures against its well-known development account.
+  ``.cache/azurite``), in memory, which checks Shared Key signatures against its well-known development
+  account.
 
 Used by the tests and the benchmark; ``close()`` stops the process (nothing is left running).
 """
@@ -15,7 +16,6 @@ import glob
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -134,7 +134,8 @@ class GcsEmulator:
 
 
 class AzuriteEmulator:
-    """Azurite's blob service on a free port, its data in a temporary folder, with one container."""
+    """Azurite's blob service on a free port, its data in memory (as fake-gcs-server's: nothing to clean up,
+    and served as fast as a store, not a disk, serves it), with one container."""
 
     def __init__(self, container: str, start_timeout: float = 60.0):
         script = azurite_script()
@@ -144,10 +145,9 @@ class AzuriteEmulator:
         self.container = container
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/{DEV_ACCOUNT}"
-        self.location = tempfile.mkdtemp(prefix="feedline-azurite-")
         self.proc = subprocess.Popen([shutil.which("node") or "node", script, "--blobHost", "127.0.0.1",
-                                      "--blobPort", str(self.port), "--location", self.location,
-                                      "--skipApiVersionCheck", "--loose", "--silent"],
+                                      "--blobPort", str(self.port), "--inMemoryPersistence", "--skipApiVersionCheck",
+                                      "--loose", "--silent"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             _wait_up(self.proc, f"{self.url}?comp=list", "azurite", start_timeout)
@@ -187,10 +187,11 @@ class AzuriteEmulator:
 
     def close(self) -> None:
         service = getattr(self, "service", None)
-        if service is not None:  # its kept-alive connections would hold Azurite's graceful close open
+        if service is not None:
             service.close()
-        stop_process(self.proc, "azurite", timeout=3)  # its data is thrown away: no graceful close to wait for
-        shutil.rmtree(self.location, ignore_errors=True)
+        if self.proc.poll() is None:  # its data is in memory, thrown away: no graceful close (seconds) to wait for
+            self.proc.kill()
+        self.proc.wait()
 
     def __enter__(self) -> "AzuriteEmulator":
         return self
