@@ -120,3 +120,41 @@ def test_feedline_train_takes_a_remote_url_for_shards(tmp_path):
                               "--summary-json", str(summary)], capture_output=True, text=True, cwd=ROOT, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     assert [e["samples"] for e in json.loads(summary.read_text())["epochs"]] == [48]
+
+
+TWO_RANKS = """
+import json, os, sys
+import torch.distributed as dist
+from feedline import StagingLoader
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+with StagingLoader(sys.argv[1], batch_size=5, workers=1, spec={spec!r}, min_shards={n}) as loader:
+    sidecar = loader.sidecar
+    epochs = [sorted(int(i) for b in loader for i in b["cls"].tolist()) for _ in range(2)]
+    dist.barrier()  # both ranks read both epochs before local rank 0 stops the sidecar
+with open(os.path.join(sys.argv[2], f"rank{{rank}}.json"), "w") as f:
+    json.dump({{"epochs": epochs, "cache": sidecar.cache, "pid": sidecar.proc.pid if sidecar.proc else None}}, f)
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_under_torchrun_share_one_sidecar_and_read_every_sample_once_an_epoch(remote, tmp_path):
+    import json
+
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANKS.format(spec=SPEC, n=N_SHARDS))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    from feedline.demo.procs import free_port
+
+    run = subprocess.run([torchrun, "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+                          str(script), urls(remote), str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=180)
+    assert run.returncode == 0, run.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for epoch in (0, 1):  # the ranks split each epoch: every sample once between them
+        a, b = ranks[0]["epochs"][epoch], ranks[1]["epochs"][epoch]
+        assert sorted(a + b) == list(range(N_SHARDS * 20)) and len(a) == len(b)
+    assert ranks[0]["pid"] is not None and ranks[1]["pid"] is None  # local rank 0 started the node's one sidecar
+    assert ranks[0]["cache"] == ranks[1]["cache"] and ranks[0]["cache"].startswith("/dev/shm/feedline-")
+    assert gone([ranks[0]["pid"]]) and not os.path.exists(ranks[0]["cache"])  # stopped and removed with the job

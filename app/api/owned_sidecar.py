@@ -23,12 +23,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from ..cache.source import CacheSource
+from ..cache.source import CacheSource, CacheWaitAborted, CacheWaitTimeout
 from ..errors import SettingError
 from ..formats.urls import expand, is_pipe, is_remote, redact, redact_text
 
@@ -114,24 +113,20 @@ class OwnedSidecar:
 
     def wait(self, min_shards: int, timeout: float) -> None:
         """Until the cache holds ``min_shards`` (or the whole source); the sidecar's own error if it stops first."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise SettingError("shards", f"the sampler sidecar started for {redact(self.source)} exited with "
-                                             f"status {self.proc.returncode}: {self.error()}")
-            if os.path.isdir(self.cache):
-                source = CacheSource(self.cache)
-                try:
-                    shards = source.snapshot()
-                except ValueError:
-                    shards = []
-                if len(shards) >= min_shards or (shards and source.complete):
-                    return
-            if time.monotonic() >= deadline:
-                raise SettingError("shards", f"the sampler sidecar for {redact(self.source)} cached fewer than "
-                                             f"min_shards={min_shards} shards in {timeout:.0f} s (cache {self.cache})"
-                                             f"; raise wait_timeout or check the source")
-            time.sleep(0.1)
+        def exited() -> str | None:
+            if self.proc is None or self.proc.poll() is None:
+                return None
+            return (f"the sampler sidecar started for {redact(self.source)} exited with status "
+                    f"{self.proc.returncode}: {self.error()}")
+
+        try:
+            CacheSource(self.cache).wait_for(min_shards, timeout, abort=exited)
+        except CacheWaitAborted as exc:
+            raise SettingError("shards", str(exc)) from None
+        except CacheWaitTimeout:
+            raise SettingError("shards", f"the sampler sidecar for {redact(self.source)} cached fewer than "
+                                         f"min_shards={min_shards} shards in {timeout:.0f} s (cache {self.cache}); "
+                                         f"raise wait_timeout or check the source") from None
 
     def error(self) -> str:
         """The last lines the sidecar wrote (its refusal names the setting and the fix), redacted."""

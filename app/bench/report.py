@@ -102,7 +102,8 @@ def _order_targets(rows: dict[str, Any], workload: str, metric: str) -> list[dic
     if stream:
         s = ratio(ours, stream, metric)
         value += f"; vs the stream order {100 * s[0]:.0f} % ({100 * s[1]:.0f}-{100 * s[2]:.0f})"
-    return [{"target": f"{workload}: the default epoch shuffle >= 95 % of the shard order's {metric.split('_')[0]}/s "
+    unit = {"mb_per_s": "MB/s", "samples_per_s": "samples/s"}[metric]
+    return [{"target": f"{workload}: the default epoch shuffle >= 95 % of the shard order's {unit} "
                        "(the rows before it)", "value": value, "met": r[0] >= 0.95}]
 
 

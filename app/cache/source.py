@@ -6,7 +6,7 @@ import logging
 import os
 import time
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .manifest import SHARDS_DIR, Manifest, read_manifest, shard_path, split_name
 from .ownership import CacheDirError, check_cache_dir
@@ -17,6 +17,10 @@ log = logging.getLogger("feedline.cache")
 
 class CacheWaitTimeout(TimeoutError):
     """The cache did not reach ``min_shards`` in time; the message says what to check."""
+
+
+class CacheWaitAborted(RuntimeError):
+    """The wait for the cache ended early: what filled it stopped (the message says why)."""
 
 
 class CacheSource:
@@ -89,12 +93,16 @@ class CacheSource:
         stale: the resumed epoch finds its shards.)"""
         remove_reader(self.cache_dir, rank)
 
-    def wait_for(self, min_shards: int, timeout: float) -> list[str]:
+    def wait_for(self, min_shards: int, timeout: float,
+                 abort: Callable[[], str | None] | None = None) -> list[str]:
         """The snapshot once it holds ``min_shards``, or the whole source when that is fewer; a clear error after
-        ``timeout`` seconds."""
+        ``timeout`` seconds, or as soon as ``abort()`` gives a reason (the sidecar filling it has exited)."""
         deadline = time.monotonic() + timeout
         why = ""
         while True:
+            stopped = abort() if abort is not None else None
+            if stopped:
+                raise CacheWaitAborted(stopped)
             try:
                 shards = self.snapshot()
             except CacheDirError:

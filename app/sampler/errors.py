@@ -9,13 +9,15 @@ FETCH_ERRORS = ("http_status", "connection", "timeout", "truncated", "not_tar", 
 
 class FetchError(Exception):
     """One failed attempt; ``reason`` is its fetch-error label, ``retry`` whether trying again soon may help,
-    ``retry_after`` the seconds a store asked for (``Retry-After``)."""
+    ``retry_after`` the seconds a store asked for (``Retry-After``), ``status`` the HTTP status of a refusal."""
 
-    def __init__(self, reason: str, message: str, retry: bool, retry_after: float | None = None):
+    def __init__(self, reason: str, message: str, retry: bool, retry_after: float | None = None,
+                 status: int | None = None):
         super().__init__(message)
         self.reason = reason
         self.retry = retry
         self.retry_after = retry_after
+        self.status = status
 
     @property
     def store_down(self) -> bool:

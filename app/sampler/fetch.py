@@ -26,7 +26,7 @@ from .errors import FETCH_ERRORS, FetchAborted, FetchError
 from .auth import auth_headers, auth_origins
 from .http import CHUNK, DENIED_FIX, MAX_INDEX_BYTES, HttpTransport, space_error
 from .ratelimit import RateLimiter
-from .stores import StoreContext, StoreError, Stores, scheme_of
+from .stores import StoreContext, StoreError, Stores, resolves, scheme_of
 from .settings import SidecarSettings
 from .sources import SourceError, SourceShard
 
@@ -98,13 +98,14 @@ class Fetcher:
         """A remote index file, at most ``max_index_bytes`` of it; SourceError naming the URL (redacted)."""
         too_large = (f"index {redact(url)} is larger than max_index_bytes={self.max_index_bytes} bytes: raise "
                      f"max_index_bytes (--max-index-bytes / FEEDLINE_MAX_INDEX_BYTES) if it really is that large")
-        credential, asked, store = None, url, None
+        credential, asked, resolved = None, url, None
         if scheme_of(url):
             try:
                 store = self.store(url)
-                if not hasattr(store, "resolve"):
+                if not resolves(store):
                     return store.text(url, self.max_index_bytes)
                 url, credential = store.resolve(url)
+                resolved = store
             except (FetchError, StoreError) as exc:
                 raise SourceError(too_large if exc.reason == "too_large" else f"index {exc}") from None
         try:
@@ -113,23 +114,24 @@ class Fetcher:
         except FetchError as exc:
             raise SourceError(too_large if exc.reason == "too_large" else f"index {redact(url)}: {exc}") from None
         if status != 200:
-            if credential is not None and hasattr(store, "status_error"):  # the store's own fix (the Hub: HF_TOKEN)
-                raise SourceError(f"index {store.status_error(asked, status, reason)}")
+            if resolved is not None:  # the store's own fix (the Hub's: HF_TOKEN)
+                raise SourceError(f"index {resolved.status_error(asked, status, reason)}")
             raise SourceError(f"index {redact(url)}: HTTP {status} {reason}" + (
                 f": {DENIED_FIX}" if status in (401, 403) else ""))
         return body.decode()
 
     def size(self, url: str, timeout: float) -> int | None:
         """A remote shard's size (HEAD), or None where the store does not say; FetchError if it cannot be asked."""
-        credential, asked, store = None, url, None
+        credential, asked, resolved = None, url, None
         if is_pipe(url):
             return None  # known once the command has run
         if scheme_of(url):
             store = self.store(url)
             try:
-                if not hasattr(store, "resolve"):
+                if not resolves(store):
                     return store.size(url)
                 url, credential = store.resolve(url)
+                resolved = store
             except StoreError as exc:
                 raise FetchError(exc.reason, str(exc), exc.retry) from None
         shown = redact(url)
@@ -139,8 +141,8 @@ class Fetcher:
             raise FetchError("timeout", f"{shown}: no answer within {timeout:.0f} s", retry=True) from None
         except OSError as exc:
             raise FetchError("connection", f"{shown} is unreachable ({exc})", retry=True) from None
-        if status >= 400 and credential is not None and hasattr(store, "status_error"):
-            error = store.status_error(asked, status, reason)  # the store's own fix (the Hub: HF_TOKEN)
+        if status >= 400 and resolved is not None:
+            error = resolved.status_error(asked, status, reason)  # the store's own fix (the Hub's: HF_TOKEN)
             raise FetchError(error.reason, str(error), error.retry)
         if status in (401, 403):
             raise FetchError("denied", f"{shown}: HTTP {status} {reason}: {DENIED_FIX}", retry=False)
@@ -182,7 +184,7 @@ class Fetcher:
             return n
         if scheme_of(shard.url):
             store = self.store(shard.url)
-            if not hasattr(store, "resolve"):
+            if not resolves(store):
                 return self._store_get(store, shard, dest, max_bytes)
             try:
                 url, credential = store.resolve(shard.url)
@@ -199,11 +201,10 @@ class Fetcher:
     @staticmethod
     def _explained(store: Any, url: str, exc: FetchError) -> FetchError:
         """A refusal of a resolved store URL with the store's own fix (the Hub's names HF_TOKEN)."""
-        status = next((int(w) for w in str(exc).split() if w.isdigit() and 400 <= int(w) < 600), 0)
-        if exc.reason not in ("denied", "http_status") or not status or not hasattr(store, "status_error"):
+        if exc.status is None or exc.status < 400:
             return exc
-        error = store.status_error(url, status)
-        return FetchError(error.reason, str(error), error.retry, exc.retry_after)
+        error = store.status_error(url, exc.status)
+        return FetchError(error.reason, str(error), error.retry, exc.retry_after, exc.status)
 
     def _store_get(self, store: Any, shard: SourceShard, dest: str, max_bytes: int) -> int:
         """A shard from an object store's client (S3, GCS, Azure): its size checked against the budget before,

@@ -243,11 +243,12 @@ class HttpTransport:
             # an error answer's body is never read: the connection is dropped below instead (a store may answer an
             # endless one; S3's SignatureDoesNotMatch body quotes the canonical request, a presigned query in it)
             if resp.status in (401, 403):
-                raise FetchError("denied", f"HTTP {resp.status} {resp.reason}: {DENIED_FIX}", retry=False)
+                raise FetchError("denied", f"HTTP {resp.status} {resp.reason}: {DENIED_FIX}", retry=False,
+                                 status=resp.status)
             if resp.status != 200:
                 raise FetchError("http_status", f"HTTP {resp.status} {resp.reason}",
                                  retry=resp.status >= 500 or resp.status == 429,
-                                 retry_after=_retry_after(resp.getheader("Retry-After")))
+                                 retry_after=_retry_after(resp.getheader("Retry-After")), status=resp.status)
             expected = resp.getheader("Content-Length")
             expected_n = int(expected) if expected is not None and expected.isdigit() else None
             if expected_n is not None and expected_n > max_bytes:

@@ -52,7 +52,7 @@ class StoreContext:
 
 class Store(Protocol):
     """What the fetcher asks of an object store's client (``s3.S3Client``, ``cloud.py``'s): a store of this shape
-    is fetched through its own client; one with ``resolve`` instead (``hub.HubStore``) through HTTP."""
+    is fetched through its own client; a ``ResolvingStore`` instead (``hub.HubStore``) through HTTP."""
 
     def list(self, url: str) -> list[StoreObject]:
         """Every object under a prefix (``scheme://bucket/prefix/``), recursively."""
@@ -66,6 +66,25 @@ class Store(Protocol):
     def download(self, url: str, dest: str, progress: Callable[[int], None]) -> int:
         """The object into a new file ``dest`` (``formats.files.create_new``); ``progress(bytes)`` may raise to
         stop. Returns the bytes written."""
+
+
+class ResolvingStore(Protocol):
+    """A store read over HTTP (``hub.HubStore``): each object URL resolves to an HTTP URL and the credential to
+    send there; a refusal there is explained in the store's own terms."""
+
+    def list(self, url: str) -> list[StoreObject]:
+        """Every object under a prefix."""
+
+    def resolve(self, url: str) -> tuple[str, dict[str, str]]:
+        """The HTTP URL of ``url`` and the headers to send to it; StoreError when it cannot be."""
+
+    def status_error(self, url: str, status: int, reason: str = "") -> StoreError:
+        """A refusal (HTTP ``status``) of ``url``'s resolved URL, with the store's fix (the Hub's: HF_TOKEN)."""
+
+
+def resolves(store: Any) -> bool:
+    """Whether ``store`` is a ``ResolvingStore`` (read over HTTP) rather than a ``Store`` (its own client)."""
+    return callable(getattr(store, "resolve", None))
 
 
 def scheme_of(url: str) -> str | None:

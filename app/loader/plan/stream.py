@@ -233,8 +233,9 @@ def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: s
                 yield opened if k == 0 else []  # a shard read in parts is one problem: part 0's worker counts it
                 continue
             left = skip.get(ordinal, ())
-            if (block > 0 or n > 1) and opened.mm is not None and is_parquet(path):  # its row groups' sizes: the
-                opened.unit_bytes = row_group_bytes(opened.mm)  # windows, and whether a part is whole row groups
+            if (block > 0 or n > 1) and is_parquet(path):  # its row groups' sizes: the windows, and whether a part
+                # is whole row groups, from the footer the plan's count reads too (row_groups_of)
+                opened.unit_bytes = row_group_bytes(opened.mm if opened.mm is not None else path)
             rows = split_groups(path, [s.fields[RECORD][0] for s in opened.samples], opened.unit_bytes) \
                 if n > 1 and is_parquet(path) else None
             group = [(opened, opened.samples[i], i) for i in part_indexes(path, len(opened.samples), (k, n), rows)
