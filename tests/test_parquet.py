@@ -90,6 +90,32 @@ def test_the_row_groups_a_worker_keeps_stay_within_their_bound(tmp_path):
         assert len(groups._groups) == 1
 
 
+def test_the_dictionary_page_size_is_read_from_its_header_as_pyarrow_wrote_it(tmp_path):
+    words = [f"word {i:04d}" for i in range(300)]
+    pq.write_table(pa.table({"w": pa.array([words[i % 300] for i in range(3000)])}), tmp_path / "w.parquet")
+    data = (tmp_path / "w.parquet").read_bytes()
+    chunk = pq.read_metadata(tmp_path / "w.parquet").row_group(0).column(0)
+    assert chunk.has_dictionary_page
+    assert parquet.dictionary_page_bytes(data, chunk.dictionary_page_offset) == sum(4 + len(w) for w in words)
+    assert parquet.dictionary_page_bytes(data, chunk.data_page_offset) is None  # a data page: not a dictionary's
+
+
+def test_large_distinct_values_read_densely_and_a_repeated_value_as_a_dictionary(tmp_path):
+    rng = np.random.default_rng(0)
+    blobs = [rng.bytes(1 << 20) for _ in range(8)]
+    # written a row at a time, as Hugging Face datasets writes: past the first, pyarrow's 1 MiB dictionary is full and
+    # the rest go to plain pages (read as a dictionary, each would be hashed into one: a third of the samples/s)
+    pq.write_table(pa.table({"bin": pa.array(blobs)}), tmp_path / "large.parquet", write_batch_size=1)
+    # a dictionary of a 30 kB value and a short one: 4000 rows could hold 120 MB in place (they hold 70 kB)
+    repeated = pa.DictionaryArray.from_arrays(pa.array([0] + [1] * 3999, pa.int32()), pa.array([b"y" * 30000, b"z"]))
+    pq.write_table(pa.table({"bin": repeated}), tmp_path / "repeated.parquet", store_schema=False)
+    groups = parquet.RowGroups(max_bytes=32 << 20)  # the 8 MiB of "large" read densely fit, 120 MB would not
+    for name, kind in (("large", pa.binary()), ("repeated", pa.dictionary(pa.int32(), pa.binary()))):
+        data = memoryview((tmp_path / f"{name}.parquet").read_bytes())
+        assert groups.table(name, data, 0, None, bound=1 << 20).schema.field("bin").type == kind, name
+    assert [parquet.read_row("repeated", data, (0, i), 1 << 20)["bin"][1] for i in (0, 1)] == [b"y" * 30000, b"z"]
+
+
 def test_a_broken_file_among_good_ones_is_skipped_and_counted(tmp_path):
     good = pyarrow_rows(tmp_path / "good.parquet", range(10), row_group_size=4)
     data = open(good, "rb").read()

@@ -119,10 +119,51 @@ _WIDEST = 33  # a decimal, or a type this table does not name
 _AS_DICTIONARY = ("NONE", "STRING", "ENUM")  # byte-array logical types pyarrow reads as dictionaries (binary, str)
 
 
-def group_bytes(meta: Any, group: int, names: Collection[str] | None) -> tuple[int, list[str]]:
+def dictionary_page_bytes(data: Any, offset: int | None) -> int | None:
+    """The uncompressed size of the dictionary page at ``offset`` of the file ``data``, from its page header (Thrift's
+    compact protocol: field 1 the page type, 2 its uncompressed size); None where it cannot be read so."""
+    if not offset or offset < 0:
+        return None
+    view = memoryview(data)[offset:offset + 24]
+    pos, field, fields = 0, 0, {}
+    while len(fields) < 2:
+        if pos >= len(view):
+            return None
+        head = view[pos]
+        pos += 1
+        if head >> 4 == 0 or head & 0x0F != 5:  # a short-form i32 field header, as every writer writes these two
+            return None
+        field += head >> 4
+        value = shift = 0
+        while True:
+            if pos >= len(view) or shift > 28:
+                return None
+            byte = view[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        fields[field] = (value >> 1) ^ -(value & 1)  # zigzag
+    if fields.get(1) != DICTIONARY_PAGE or fields.get(2, -1) < 0:
+        return None
+    return fields[2]
+
+
+DICTIONARY_PAGE = 2  # parquet.thrift's PageType
+
+
+def group_bytes(meta: Any, group: int, names: Collection[str] | None, data: Any = None,
+                limit: int = 0) -> tuple[int, list[str]]:
     """What the columns ``names`` (None: all) of a row group take once read, from the footer, and the paths of
     their byte-array columns written with a dictionary, to read as dictionaries: read densely, each row would
-    hold its value again (a 10 KB string in 200 000 rows is 2 GB, from 10 KB of data)."""
+    hold its value again (a 10 KB string in 200 000 rows is 2 GB, from 10 KB of data).
+
+    A dictionary column is read densely after all where the file (``data``) shows that bounded within ``limit``:
+    each row holds a value of a plain page (their bytes are the chunk's) or one of the dictionary, no larger than
+    its page. A writer falls back to plain pages once the dictionary fills (pyarrow: at 1 MiB), so a column of
+    distinct large values — images, tensors — is mostly plain; read as a dictionary, each value would be hashed
+    into one (a third of the samples/s of 1 MiB rows)."""
     rg = meta.row_group(group)
     total, dictionaries = 0, []
     for i in range(rg.num_columns):
@@ -140,8 +181,10 @@ def group_bytes(meta: Any, group: int, names: Collection[str] | None) -> tuple[i
         if kind == "BYTE_ARRAY":
             total += chunk.total_uncompressed_size + values * width
             if chunk.has_dictionary_page:
-                if logical not in _AS_DICTIONARY:  # read densely: every value may be the dictionary's largest
-                    total += values * chunk.total_uncompressed_size
+                page = dictionary_page_bytes(data, chunk.dictionary_page_offset) if data is not None else None
+                dense = values * (page if page is not None else chunk.total_uncompressed_size)
+                if logical not in _AS_DICTIONARY or (page is not None and total + dense <= limit):
+                    total += dense  # read densely: every value may be the dictionary's largest
                 else:
                     dictionaries.append(path)
         else:
@@ -239,7 +282,7 @@ class RowGroups:
             pf = pq.ParquetFile(pa.BufferReader(pa.py_buffer(base)))
             names = {n.lower(): n for n in pf.schema_arrow.names}
             wanted = None if columns is None else [names[c] for c in columns if c in names]
-            need, dictionaries = group_bytes(pf.metadata, group, wanted)
+            need, dictionaries = group_bytes(pf.metadata, group, wanted, base, limit)
             rows = pf.metadata.row_group(group).num_rows
             stored = stored_bytes(pf.metadata, group, wanted)
             if need > limit and need > INFLATION * stored:
