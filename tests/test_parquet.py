@@ -114,6 +114,10 @@ def test_large_distinct_values_read_densely_and_a_repeated_value_as_a_dictionary
         data = memoryview((tmp_path / f"{name}.parquet").read_bytes())
         assert groups.table(name, data, 0, None, bound=1 << 20).schema.field("bin").type == kind, name
     assert [parquet.read_row("repeated", data, (0, i), 1 << 20)["bin"][1] for i in (0, 1)] == [b"y" * 30000, b"z"]
+    # in a list, a row may hold any number of values: only the dictionary bounds them
+    pq.write_table(pa.table({"bin": pa.array([[b] for b in blobs])}), tmp_path / "lists.parquet", write_batch_size=1)
+    data = memoryview((tmp_path / "lists.parquet").read_bytes())
+    assert groups.table("lists", data, 0, None, bound=1 << 20).schema.field("bin").type.value_type == kind
 
 
 def test_a_broken_file_among_good_ones_is_skipped_and_counted(tmp_path):

@@ -159,9 +159,9 @@ def group_bytes(meta: Any, group: int, names: Collection[str] | None, data: Any 
     their byte-array columns written with a dictionary, to read as dictionaries: read densely, each row would
     hold its value again (a 10 KB string in 200 000 rows is 2 GB, from 10 KB of data).
 
-    A dictionary column is read densely after all where the file (``data``) shows that bounded within ``limit``:
-    each row holds a value of a plain page (their bytes are the chunk's) or one of the dictionary, no larger than
-    its page. A writer falls back to plain pages once the dictionary fills (pyarrow: at 1 MiB), so a column of
+    A dictionary column (not a list's) is read densely after all where the file (``data``) shows that bounded
+    within ``limit``: each row holds a value of a plain page (their bytes are the chunk's) or one of the
+    dictionary, no larger than its page. A writer falls back to plain pages once the dictionary fills (pyarrow: at 1 MiB), so a column of
     distinct large values — images, tensors — is mostly plain; read as a dictionary, each value would be hashed
     into one (a third of the samples/s of 1 MiB rows)."""
     rg = meta.row_group(group)
@@ -181,7 +181,9 @@ def group_bytes(meta: Any, group: int, names: Collection[str] | None, data: Any 
         if kind == "BYTE_ARRAY":
             total += chunk.total_uncompressed_size + values * width
             if chunk.has_dictionary_page:
-                page = dictionary_page_bytes(data, chunk.dictionary_page_offset) if data is not None else None
+                flat = column.max_repetition_level == 0  # a value a row at most: the rows bound the values
+                page = dictionary_page_bytes(data, chunk.dictionary_page_offset) if data is not None and flat \
+                    else None
                 dense = values * (page if page is not None else chunk.total_uncompressed_size)
                 if logical not in _AS_DICTIONARY or (page is not None and total + dense <= limit):
                     total += dense  # read densely: every value may be the dictionary's largest
