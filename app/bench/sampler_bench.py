@@ -17,6 +17,7 @@ from typing import Any
 
 from ..cache.manifest import read_manifest
 from ..demo.procs import free_port, stop_process
+from ..loader.tune.tuner import CpuMeter
 
 
 class _Proc:
@@ -112,13 +113,6 @@ def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _busy_seconds() -> float:
-    """CPU seconds this whole machine has been busy, summed over its cores (/proc/stat)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
 
 
 def _median(xs: list[float]) -> float:
@@ -253,17 +247,18 @@ def _cloud_fill_rate(kind: str, src: str, shm_root: str, threads: int, count: in
             with ThreadPoolExecutor(threads) as pool:
                 list(pool.map(one, keys))
 
-        marks: list[tuple[float, float]] = []
+        meter, cores = CpuMeter(), len(os.sched_getaffinity(0))
+        marks: list[tuple[float, float]] = []  # (the emulator's CPU seconds, the machine's busy cores since before)
 
         def mark() -> None:
-            marks.append((_cpu_seconds(server.proc.pid), _busy_seconds()))
+            marks.append((_cpu_seconds(server.proc.pid), cores - meter.idle_cpus()))
 
         def measured(who: str, run: Callable[[], float]) -> None:
             marks.clear()
             times[who].append(run())
-            (server0, machine0), (server1, machine1) = marks[0], marks[-1]
+            (server0, _), (server1, machine_busy) = marks[0], marks[-1]
             busy[who].append((server1 - server0) / times[who][-1])
-            machine[who].append((machine1 - machine0) / times[who][-1])
+            machine[who].append(machine_busy)
 
         try:
             warm = 1 if reps > 1 else 0  # a --quick run (one rep) is a check, not a measurement: no warm-up
@@ -278,7 +273,7 @@ def _cloud_fill_rate(kind: str, src: str, shm_root: str, threads: int, count: in
         finally:
             if kind == "gcs":
                 os.environ.pop("STORAGE_EMULATOR_HOST", None)
-            else:  # its kept-alive connections would hold Azurite's graceful stop open
+            else:
                 service.close()
     mb = {k: [total / t / 1e6 for t in v] for k, v in times.items()}
     sampler, sdk = _median(mb["sidecar"]), _median(mb[sdk_name])
@@ -286,7 +281,7 @@ def _cloud_fill_rate(kind: str, src: str, shm_root: str, threads: int, count: in
             "sampler_mb_per_s": sampler, "sdk_mb_per_s": sdk, "ratio": sampler / sdk, "runs_mb_per_s": mb,
             "server_cores": {"sampler": _median(busy["sidecar"]), "sdk": _median(busy[sdk_name])},
             "machine_cores": {"sampler": _median(machine["sidecar"]), "sdk": _median(machine[sdk_name])},
-            "cores": os.cpu_count()}
+            "cores": cores}
 
 
 def gcs_fill_rate(src: str, shm_root: str, threads: int = 4, count: int = 8, reps: int = 3) -> dict[str, Any]:
