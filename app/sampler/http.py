@@ -38,7 +38,7 @@ from ..formats.files import create_new
 from ..formats.urls import redact
 from .auth import origin
 from .errors import FetchAborted, FetchError
-from .ratelimit import RateLimiter
+from .ratelimit import RateLimiter, SpeedFloor
 from .sources import SourceShard
 
 log = logging.getLogger("feedline.sampler")
@@ -305,7 +305,7 @@ class HttpTransport:
         every read of the socket; written a full buffer at a time (fewer, larger writes: tmpfs takes
         them faster)."""
         n = filled = 0
-        window_start, window_bytes = time.monotonic(), 0
+        floor = SpeedFloor(self.min_rate, self.timeout, self.limiter)
         while True:
             if self.stop.is_set():
                 raise FetchAborted()
@@ -327,15 +327,9 @@ class HttpTransport:
                 filled = 0
             if not k:
                 return n
-            window_bytes += k
-            now = time.monotonic()
-            if now - window_start >= self.timeout:
-                rate = window_bytes / (now - window_start)
-                if self.min_rate > 0 and rate < self.min_rate and not self.limiter.rate:
-                    raise FetchError("timeout", f"too slow: {rate:.0f} B/s over {now - window_start:.0f} s, "
-                                                f"below the floor of {self.min_rate:.0f} B/s (fetch_min_mbps)",
-                                     retry=True)
-                window_start, window_bytes = now, 0
+            slow = floor.moved(k, time.monotonic())
+            if slow:
+                raise FetchError("timeout", f"too slow: {slow}", retry=True)
 
     # -- small requests ---------------------------------------------------------------------
 

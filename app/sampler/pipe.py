@@ -31,7 +31,7 @@ from ..formats.files import create_new
 from ..formats.urls import redact_text
 from .errors import FetchAborted, FetchError
 from .http import CHUNK, space_error
-from .ratelimit import RateLimiter
+from .ratelimit import RateLimiter, SpeedFloor
 
 log = logging.getLogger("feedline.sampler")
 
@@ -167,8 +167,8 @@ class _Run:
         """stdout -> a 1 MiB buffer -> ``f`` until stdout's end; the bytes written."""
         buf = memoryview(bytearray(CHUNK))
         n = filled = 0
-        last = window_start = time.monotonic()
-        window_bytes = 0
+        last = time.monotonic()
+        floor = SpeedFloor(self.min_rate, self.timeout, self.limiter)
         while True:
             self._check_stop()
             ready = dict(self.poller.poll(TICK * 1000))
@@ -182,7 +182,6 @@ class _Run:
                 n += k
                 filled += k
                 last = now
-                window_bytes += k
                 if n > max_bytes:
                     raise self._kill(FetchError(
                         "too_large", f"pipe: {self.shown} wrote over {max_bytes} bytes, more than the budget "
@@ -201,13 +200,9 @@ class _Run:
             if now - last >= self.timeout:
                 raise self._kill(FetchError("timeout", f"pipe: {self.shown} stalled: no data for {self.timeout:g} s",
                                             retry=True))
-            if now - window_start >= self.timeout:
-                rate = window_bytes / (now - window_start)
-                if self.min_rate > 0 and rate < self.min_rate and not self.limiter.rate:
-                    raise self._kill(FetchError(
-                        "timeout", f"pipe: {self.shown} too slow: {rate:.0f} B/s over {now - window_start:.0f} s, "
-                                   f"below the floor of {self.min_rate:.0f} B/s (fetch_min_mbps)", retry=True))
-                window_start, window_bytes = now, 0
+            slow = floor.moved(max(k, 0), now)
+            if slow:
+                raise self._kill(FetchError("timeout", f"pipe: {self.shown} too slow: {slow}", retry=True))
 
     def wait_exit(self) -> None:
         """After stdout's end: the command's leader exits within ``timeout`` s (left unreaped, so its process
