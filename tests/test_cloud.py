@@ -6,6 +6,7 @@ credentials, so GCS's refusals (403, 429, 503) come from a stub that answers eve
 the way GCS's XML API does.
 """
 
+import contextlib
 import http.server
 import os
 import subprocess
@@ -123,6 +124,80 @@ def test_an_object_larger_than_a_part_arrives_whole_through_ranged_gets(cloud, c
     s.stop()
     with open(big, "rb") as a, open(os.path.join(cache, "shards", "big-0000.tar"), "rb") as b:
         assert a.read() == b.read()
+
+
+@pytest.fixture(params=["gcs", "azure"])
+def in_process(request, emulators, monkeypatch):
+    """A CloudStore in this process (4 request slots) on an emulator, and that emulator."""
+    from feedline.sampler.cloud import CloudStore
+
+    server = _emulator(emulators, request.param)
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    scheme = "gs" if request.param == "gcs" else "az"
+    return CloudStore(timeout=10, retries=1, threads=4), server, lambda key: f"{scheme}://{BUCKET}/{key}"
+
+
+def _large(server, key):
+    """An object of two parts and a bit (three ranged GETs), put under ``key``; its bytes."""
+    from feedline.sampler.cloud import PART
+
+    data = os.urandom(2 * PART + 4099)
+    server.put(key, data)
+    return data
+
+
+def test_a_lone_large_object_takes_the_spare_request_slots_for_parallel_parts(in_process, tmp_path):
+    store, server, url = in_process
+    data, most = _large(server, "lone/big.tar"), []
+    n = store.download(url("lone/big.tar"), str(tmp_path / "big.tar"), lambda n: most.append(store.slots.in_flight))
+    assert n == len(data) and (tmp_path / "big.tar").read_bytes() == data
+    assert max(most) == 3 and store.slots.in_flight == 0  # its own GET and two parts beside it; all given back
+
+
+def test_a_large_object_is_fetched_in_this_thread_alone_while_every_slot_is_busy(in_process, tmp_path):
+    store, server, url = in_process
+    data, most = _large(server, "busy/big.tar"), []
+    with contextlib.ExitStack() as others:  # three other downloads hold the other slots
+        for _ in range(3):
+            others.enter_context(store.slots.held())
+        store.download(url("busy/big.tar"), str(tmp_path / "big.tar"), lambda n: most.append(store.slots.in_flight))
+    assert (tmp_path / "big.tar").read_bytes() == data
+    assert set(most) == {4} and store.slots.in_flight == 0  # no GET beyond the fetch threads'
+
+
+def test_an_object_replaced_between_its_ranges_is_fetched_again_never_spliced(in_process, tmp_path):
+    from feedline.sampler.stores import StoreError
+
+    store, server, url = in_process
+    _large(server, "replaced/big.tar")
+
+    def replace_once(n):  # after the first chunk: the same size, other bytes
+        if not replaced:
+            replaced.append(_large(server, "replaced/big.tar"))
+
+    replaced = []
+    with store.slots.held(), store.slots.held(), store.slots.held(), pytest.raises(StoreError) as caught:
+        store.download(url("replaced/big.tar"), str(tmp_path / "big.tar"), replace_once)
+    assert caught.value.reason == "truncated" and caught.value.retry and "replaced" in str(caught.value)
+
+
+def test_an_empty_object_arrives_as_an_empty_file(in_process, tmp_path):
+    store, server, url = in_process
+    server.put("empty/none.tar", b"")
+    assert store.download(url("empty/none.tar"), str(tmp_path / "none.tar"), lambda n: None) == 0
+    assert (tmp_path / "none.tar").read_bytes() == b""
+
+
+def test_request_slots_lend_a_download_only_what_no_other_download_holds():
+    from feedline.sampler.ranged import RequestSlots
+
+    slots = RequestSlots(4)
+    with slots.held() as a:
+        assert a.take(5) == 3 and slots.in_flight == 4
+        with slots.held() as b:  # a download always runs, even past the limit; it gets no part beside it
+            assert b.take(2) == 0 and slots.in_flight == 5
+    assert slots.in_flight == 0
 
 
 def refusal(cache, source, env, drop=()):

@@ -19,8 +19,9 @@ Azure (``az://container/key``; ``abfs://container@account.dfs.core.windows.net/k
     container with a folder, so it is not a form). ``abfs://`` names the account in the URL, fsspec's form.
     ``UseDevelopmentStorage=true`` or a connection string's ``BlobEndpoint`` reaches Azurite.
 
-A large object is fetched with ranged GETs of ``PART`` bytes in parallel, each streamed into its place in
-the new file in chunks of ``CHUNK``: no more than a chunk per part is ever held in memory. Every error is a
+An object is fetched with ranged GETs of ``PART`` bytes, in parallel only on request slots the other
+downloads leave free (``ranged.py``), each streamed into its place in the new file in chunks of ``CHUNK``: no
+more than a chunk per part is ever held in memory. Every error is a
 ``StoreError`` naming the object and what to do: no credentials (and which variables), access denied, no
 such bucket / container / object, the endpoint unreachable, throttled.
 
@@ -38,17 +39,16 @@ import re
 import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from ..formats.files import create_new
 from ..formats.urls import redact_text
+from .ranged import CHUNK, RequestSlots, in_parallel, stream_into
 from .stores import StoreContext, StoreError, StoreObject
 
 PART = 16 << 20  # ranged GETs of this size, in parallel, for objects larger than it (as s3.py)
-CHUNK = 1 << 20  # what one read of a response hands over: the most of a part held in memory
 _OURS = __name__.split(".")[0] + "."  # exceptions raised by feedline itself (a stop, a budget) pass through
 
 GCS_SCHEMES = ("gs", "gcs")
@@ -144,6 +144,7 @@ class CloudStore:
             raise StoreError("denied", "gs:// and az:// sources need obstore (pip install obstore; the image has "
                                        "it)", retry=False) from None
         self.threads = max(1, threads)
+        self.slots = RequestSlots(self.threads)  # the GETs in flight: a part in parallel only on a spare one
         # object_store's timeout bounds a whole request; a request moves at most PART bytes (a part, or an object
         # no larger), so this is a floor of PART / (4 x timeout) bytes/s, 0.14 MB/s at 30 s.
         self._client_options = {"connect_timeout": timedelta(seconds=min(timeout, 10.0)),
@@ -371,41 +372,46 @@ class CloudStore:
         return self._call(url, url, run)
 
     def download(self, url: str, dest: str, progress: Callable[[int], None]) -> int:
-        """Fetch an object into the new file ``dest`` (ranged, parallel GETs when large); ``progress(bytes)``
-        is called per chunk, from several threads, and may raise to stop. Returns the bytes written."""
+        """Fetch an object into the new file ``dest``; ``progress(bytes)`` is called per chunk, from several
+        threads, and may raise to stop. Returns the bytes written.
+
+        No HEAD first: the first part's GET answers with the object's size (``Content-Range``), so the rest
+        starts as soon as its headers arrive. The rest is one more GET in this thread while every fetch thread
+        is busy, or ranged parts in parallel on the request slots no other download holds (a lone large
+        object: the end of a list, one huge shard) — never more requests in flight than fetch threads, which
+        on a busy node only split the same bandwidth more ways at a higher cost a byte. Every later GET must
+        answer with the first one's ETag, so an object replaced meanwhile is fetched again, never spliced."""
         import obstore
 
         def run(store: Any, loc: Location) -> int:
             key = _key(loc, url)
-            with create_new(dest) as f:  # never a file that was there, never through a link
-                size = int(obstore.head(store, key)["size"])
+            with create_new(dest) as f, self.slots.held() as slots:  # never a file that was there, nor a link
+                try:
+                    first = obstore.get(store, key, options={"range": (0, PART)})
+                except Exception as exc:
+                    if _status(str(exc)) != 416:
+                        raise
+                    first = obstore.get(store, key)  # an empty object: no range of it is satisfiable
+                size = int(first.meta["size"])
                 if size <= PART:
-                    return _stream_into(obstore.get(store, key), f.fileno(), 0, progress)
+                    return stream_into(first, f.fileno(), 0, progress)
                 os.ftruncate(f.fileno(), size)  # each part is written at its place
-                parts = [(start, min(start + PART, size)) for start in range(0, size, PART)]
-                stop = threading.Event()
+                starts = range(PART, size, PART)
+                helpers = slots.take(len(starts))
+                spans = [(0, PART)] + ([(s, min(s + PART, size)) for s in starts] if helpers else [(PART, size)])
 
-                def part(span: tuple[int, int]) -> int:
-                    if stop.is_set():
-                        return 0
-                    got = obstore.get(store, key, options={"range": span})
-                    n = _stream_into(got, f.fileno(), span[0], progress, stop)
-                    if n != span[1] - span[0]:
+                def part(span: tuple[int, int], stop: threading.Event) -> int:
+                    got = first if span[0] == 0 else obstore.get(store, key, options={"range": span})
+                    if got.meta.get("e_tag") != first.meta.get("e_tag"):
+                        raise StoreError("truncated", f"{url}: the object was replaced while it was fetched; it is "
+                                                      f"fetched again", retry=True)
+                    n = stream_into(got, f.fileno(), span[0], progress, stop)
+                    if n != span[1] - span[0] and not stop.is_set():
                         raise StoreError("truncated", f"{url}: bytes {span[0]}-{span[1]} came back as {n} bytes",
                                          retry=True)
                     return n
 
-                with ThreadPoolExecutor(min(self.threads, len(parts)), thread_name_prefix="feedline-part") as pool:
-                    futures = [pool.submit(part, span) for span in parts]
-                    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-                    failed = next((fu for fu in futures if fu.done() and fu.exception() is not None), None)
-                    if failed is not None:
-                        stop.set()
-                        for fu in futures:
-                            fu.cancel()
-                        wait(futures)
-                        raise failed.exception()  # type: ignore[misc]
-                    return sum(fu.result() for fu in futures)
+                return in_parallel(part, spans, 1 + helpers)
 
         return self._call(url, url, run)
 
@@ -414,22 +420,6 @@ def _key(loc: Location, url: str) -> str:
     if not loc.key or loc.key.endswith("/"):
         raise StoreError("http_status", f"{url} names no object ({loc.head}key)", retry=False)
     return loc.key
-
-
-def _stream_into(result: Any, fd: int, offset: int, progress: Callable[[int], None],
-                 stop: threading.Event | None = None) -> int:
-    """A GET's body written at ``offset`` of ``fd`` chunk by chunk, ``progress(n)`` after each; the bytes."""
-    n = 0
-    for chunk in result.stream(min_chunk_size=CHUNK):
-        if stop is not None and stop.is_set():
-            break
-        view = memoryview(chunk)
-        while view:
-            done = os.pwrite(fd, view, offset + n)
-            n += done
-            view = view[done:]
-        progress(len(chunk))
-    return n
 
 
 _NO_BUCKET = re.compile(r"NoSuchBucket|ContainerNotFound|no bucket named|The specified bucket does not exist")
