@@ -12,12 +12,13 @@ APP = os.path.join(ROOT, "app")  # the source folder of the package `feedline`
 PACKAGE = "feedline"
 
 # Which parts each part may import (docs/architecture.md has the same table).
-BASE = {"errors", "sink", "preflight"}  # import nothing of feedline; anyone may import them
+BASE = {"errors", "sink", "preflight", "procs"}  # import nothing of feedline; anyone may import them
 ALLOWED = {
     "formats": {"formats"},
     "errors": {"errors"},
     "sink": {"sink"},
     "preflight": {"preflight"},
+    "procs": {"procs"},
     "cache": {"cache", "formats"},
     "loader": {"loader", "formats", "cache"} | BASE,
     "sampler": {"sampler", "formats", "cache"} | BASE,

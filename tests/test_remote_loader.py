@@ -3,13 +3,14 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from feedline import StagingLoader
 from feedline.api.owned_sidecar import OwnedSidecar, default_cache
 from feedline.errors import SettingError
-from helpers import N_SHARDS, descendants, gone
+from helpers import N_SHARDS, descendants, gone, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = {"bin": ("uint8", (2048,)), "cls": "int64"}
@@ -158,3 +159,49 @@ def test_two_ranks_under_torchrun_share_one_sidecar_and_read_every_sample_once_a
     assert ranks[0]["pid"] is not None and ranks[1]["pid"] is None  # local rank 0 started the node's one sidecar
     assert ranks[0]["cache"] == ranks[1]["cache"] and ranks[0]["cache"].startswith("/dev/shm/feedline-")
     assert gone([ranks[0]["pid"]]) and not os.path.exists(ranks[0]["cache"])  # stopped and removed with the job
+
+
+READER = """
+import os, sys, time
+from feedline.cache.manifest import read_manifest
+from feedline.cache.readers import remove_reader, write_reader
+
+cache, hold = sys.argv[1], float(sys.argv[2])
+write_reader(cache, 1, 0, 0, [])  # local rank 1 starts an epoch on the cache
+if hold < 0:
+    os._exit(0)  # killed: its file stays, its process is gone
+time.sleep(hold)  # ... and reads on while local rank 0 closes
+shards = read_manifest(cache).shards
+intact = all(os.path.getsize(os.path.join(cache, "shards", f"{s.id}.tar")) > 0 for s in shards)
+remove_reader(cache, 1)
+sys.exit(0 if shards and intact else 3)
+"""
+
+
+def _rank_1_reading(cache, hold):
+    reader = subprocess.Popen([sys.executable, "-c", READER, cache, str(hold)], cwd=ROOT)
+    assert wait_for(lambda: os.path.exists(os.path.join(cache, "readers", "1.json")) or reader.poll() is not None, 30)
+    return reader
+
+
+def test_local_rank_0_stops_its_sidecar_only_once_the_other_local_ranks_stop_reading(remote, tmp_path):
+    cache = str(tmp_path / "cache")
+    with OwnedSidecar(urls(remote), cache=cache, budget=64 << 20, min_shards=N_SHARDS, local_rank=0) as sidecar:
+        sidecar.wait(N_SHARDS, 60)
+        reader = _rank_1_reading(cache, 2.0)
+        t0 = time.monotonic()
+        sidecar.close()
+        waited = time.monotonic() - t0
+    assert reader.wait(10) == 0  # every shard was still there when it finished reading
+    assert waited >= 1.5 and gone([sidecar.proc.pid]) and not os.path.exists(cache)
+
+
+def test_a_rank_that_died_without_closing_is_not_waited_for(remote, tmp_path):
+    cache = str(tmp_path / "cache")
+    with OwnedSidecar(urls(remote), cache=cache, budget=64 << 20, min_shards=N_SHARDS, local_rank=0) as sidecar:
+        sidecar.wait(N_SHARDS, 60)
+        assert _rank_1_reading(cache, -1).wait(10) == 0 and os.path.exists(os.path.join(cache, "readers", "1.json"))
+        t0 = time.monotonic()
+        sidecar.close()
+        assert time.monotonic() - t0 < 5
+    assert gone([sidecar.proc.pid]) and not os.path.exists(cache)

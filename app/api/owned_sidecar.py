@@ -10,7 +10,9 @@ with SIGKILL leaves no sidecar running, though its cache stays, and the next loa
 reads it as the sidecar reconciles it.
 
 Under torchrun the ranks of one node share one sidecar: local rank 0 starts it, the others read its cache
-(the folder is the same for every rank of a job: the source, the user and torchrun's run id name it).
+(the folder is the same for every rank of a job: the source, the user and torchrun's run id name it). Local
+rank 0's ``close()`` waits (at most ``LINGER`` seconds) while other ranks' reader files name live processes:
+a rank that ends later than rank 0 reads to its end.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from ..cache.readers import read_readers
 from ..cache.source import CacheSource, CacheWaitAborted, CacheWaitTimeout
 from ..errors import SettingError
 from ..formats.urls import expand, is_pipe, is_remote, redact, redact_text
+from ..procs import stop_process
 
 log = logging.getLogger("feedline")
 
@@ -37,6 +42,8 @@ DEFAULT_ROOT = "/dev/shm"
 DEFAULT_BUDGET_SHARE = 0.5  # of the cache filesystem's free space, when cache_budget is not given ...
 DEFAULT_BUDGET_MAX = 16 << 30  # ... and at most this
 STDERR_TAIL = 4000
+LINGER = 20.0  # seconds local rank 0's close waits for the other local ranks to stop reading the cache: under
+# torchrun's 30 s from SIGTERM to SIGKILL, so that a job stopped by torchrun still stops the sidecar and removes its cache
 
 
 def remote_source(shards: Any) -> str | None:
@@ -138,9 +145,23 @@ class OwnedSidecar:
         errors = [ln for ln in lines if "error" in ln.lower()] or lines[-3:]
         return redact_text(" | ".join(ln.strip() for ln in errors[-3:]))
 
-    def close(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
+    def close(self, linger: float = LINGER) -> None:
+        """Stop the sidecar (and remove the cache it made) once no other local rank reads the cache, waiting at
+        most ``linger`` seconds for the ranks still reading (a live process's reader file in the cache)."""
+        if self._finalizer is None or not self._finalizer.alive:
+            return
+        deadline = time.monotonic() + linger
+        waiting = _other_readers(self.cache)
+        if waiting:
+            log.info("waiting up to %.0f s for local rank(s) %s to finish reading %s before stopping its sidecar",
+                     linger, ", ".join(map(str, waiting)), self.cache)
+        while waiting and time.monotonic() < deadline:
+            time.sleep(0.2)
+            waiting = _other_readers(self.cache)
+        if waiting:
+            log.warning("stopping the sidecar of %s while rank(s) %s still read it (after %.0f s)", self.cache,
+                        ", ".join(map(str, waiting)), linger)
+        self._finalizer()
 
     def __enter__(self) -> "OwnedSidecar":
         return self
@@ -149,15 +170,25 @@ class OwnedSidecar:
         self.close()
 
 
+def _other_readers(cache: str) -> list[int]:
+    """The ranks of other live processes whose reader files are in ``cache``: they still read it."""
+    ranks = []
+    for r in read_readers(cache):
+        if r.pid == os.getpid():
+            continue
+        try:
+            os.kill(r.pid, 0)
+        except ProcessLookupError:  # a rank that died without closing: nothing to wait for
+            continue
+        except PermissionError:  # alive, another user's: not this job's rank
+            continue
+        ranks.append(r.rank)
+    return ranks
+
+
 def _stop(proc: subprocess.Popen, remove: str | None, stderr: Any) -> None:
     """SIGTERM (the sidecar stops its fetches and exits), SIGKILL after 10 s; the cache removed when we made it."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, "the loader's sidecar")
     if remove:
         shutil.rmtree(remove, ignore_errors=True)
     stderr.close()

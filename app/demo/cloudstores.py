@@ -20,9 +20,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
-from .procs import free_port, stop_process
+from .procs import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AZURITE_DIR = os.path.join(ROOT, ".cache", "azurite")
@@ -71,8 +72,63 @@ def _wait_up(proc: subprocess.Popen, url: str, name: str, timeout: float) -> Non
             time.sleep(0.1)
 
 
-class GcsEmulator:
+class _Emulator:
+    """One emulator process on a free port, its data in memory: started and waited for by ``_start``, stopped
+    by ``close()`` (killed: there is nothing to flush, and Azurite's graceful stop takes seconds)."""
+
+    name = "emulator"
+    proc: subprocess.Popen
+
+    def _start(self, cmd: list[str], probe: str, timeout: float, ready: Callable[[], None]) -> None:
+        """Run ``cmd``, wait until ``probe`` answers, then ``ready()``; a failure stops the process."""
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _wait_up(self.proc, probe, self.name, timeout)
+            ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def put(self, key: str, data: bytes, bucket: str | None = None) -> None:
+        raise NotImplementedError
+
+    def variables(self) -> dict[str, str]:
+        """The cloud's standard client configuration for this emulator."""
+        raise NotImplementedError
+
+    def upload(self, directory: str, prefix: str, names: list[str] | None = None) -> list[str]:
+        """Files of ``directory`` under ``prefix/``; their keys."""
+        keys = []
+        for name in names if names is not None else sorted(os.listdir(directory)):
+            keys.append(f"{prefix}/{name}")
+            with open(os.path.join(directory, name), "rb") as f:
+                self.put(keys[-1], f.read())
+        return keys
+
+    def env(self, **change: str) -> dict[str, str]:
+        """``variables()``, with ``change`` over them."""
+        return {**self.variables(), **change}
+
+    def _close_clients(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._close_clients()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self) -> "_Emulator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class GcsEmulator(_Emulator):
     """fake-gcs-server on a free port, in memory, with one bucket; ``close()`` stops it."""
+
+    name = "fake-gcs-server"
 
     def __init__(self, bucket: str, start_timeout: float = 30.0):
         binary = fake_gcs_binary()
@@ -82,16 +138,9 @@ class GcsEmulator:
         self.bucket = bucket
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port),
-                                      "-backend", "memory", "-public-host", f"127.0.0.1:{self.port}",
-                                      "-log-level", "error"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            _wait_up(self.proc, f"{self.url}/storage/v1/b", "fake-gcs-server", start_timeout)
-            self.create_bucket(bucket)
-        except BaseException:
-            self.close()
-            raise
+        self._start([binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port), "-backend", "memory",
+                     "-public-host", f"127.0.0.1:{self.port}", "-log-level", "error"],
+                    f"{self.url}/storage/v1/b", start_timeout, lambda: self.create_bucket(bucket))
 
     def _request(self, method: str, path: str, body: bytes | None = None,
                  headers: dict[str, str] | None = None) -> bytes:
@@ -108,34 +157,15 @@ class GcsEmulator:
         self._request("POST", f"/upload/storage/v1/b/{bucket or self.bucket}/o?uploadType=media&name={name}", data,
                       {"Content-Type": "application/octet-stream"})
 
-    def upload(self, directory: str, prefix: str, names: list[str] | None = None) -> list[str]:
-        """Files of ``directory`` under ``prefix/``; their keys."""
-        keys = []
-        for name in names if names is not None else sorted(os.listdir(directory)):
-            keys.append(f"{prefix}/{name}")
-            with open(os.path.join(directory, name), "rb") as f:
-                self.put(keys[-1], f.read())
-        return keys
-
-    def env(self, **change: str) -> dict[str, str]:
-        """The standard configuration of a GCS client for this emulator."""
-        env = {"STORAGE_EMULATOR_HOST": self.url}
-        env.update(change)
-        return env
-
-    def close(self) -> None:
-        stop_process(self.proc, "fake-gcs-server", timeout=10)
-
-    def __enter__(self) -> "GcsEmulator":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def variables(self) -> dict[str, str]:
+        return {"STORAGE_EMULATOR_HOST": self.url}
 
 
-class AzuriteEmulator:
+class AzuriteEmulator(_Emulator):
     """Azurite's blob service on a free port, its data in memory (as fake-gcs-server's: nothing to clean up,
     and served as fast as a store, not a disk, serves it), with one container."""
+
+    name = "azurite"
 
     def __init__(self, container: str, start_timeout: float = 60.0):
         script = azurite_script()
@@ -145,17 +175,15 @@ class AzuriteEmulator:
         self.container = container
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/{DEV_ACCOUNT}"
-        self.proc = subprocess.Popen([shutil.which("node") or "node", script, "--blobHost", "127.0.0.1",
-                                      "--blobPort", str(self.port), "--inMemoryPersistence", "--skipApiVersionCheck",
-                                      "--loose", "--silent"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            _wait_up(self.proc, f"{self.url}?comp=list", "azurite", start_timeout)
-            self.service: Any = self._service()
+        self.service: Any = None
+
+        def ready() -> None:
+            self.service = self._service()
             self.service.create_container(container)
-        except BaseException:
-            self.close()
-            raise
+
+        self._start([shutil.which("node") or "node", script, "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
+                     "--inMemoryPersistence", "--skipApiVersionCheck", "--loose", "--silent"],
+                    f"{self.url}?comp=list", start_timeout, ready)
 
     def connection_string(self, key: str = DEV_KEY) -> str:
         return (f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};AccountKey={key};"
@@ -167,34 +195,12 @@ class AzuriteEmulator:
         return BlobServiceClient.from_connection_string(self.connection_string())
 
     def put(self, key: str, data: bytes, container: str | None = None) -> None:
-        self.service.get_blob_client(container or self.container, key).upload_blob(data, overwrite=True)
+        self.service.get_blob_client(container or self.container, key).upload_blob(data, overwrite=True,
+                                                                                    max_concurrency=4)
 
-    def upload(self, directory: str, prefix: str, names: list[str] | None = None) -> list[str]:
-        """Files of ``directory`` under ``prefix/``; their keys."""
-        keys = []
-        for name in names if names is not None else sorted(os.listdir(directory)):
-            keys.append(f"{prefix}/{name}")
-            with open(os.path.join(directory, name), "rb") as f:
-                self.service.get_blob_client(self.container, keys[-1]).upload_blob(f, overwrite=True,
-                                                                                   max_concurrency=4)
-        return keys
+    def variables(self) -> dict[str, str]:
+        return {"AZURE_STORAGE_CONNECTION_STRING": self.connection_string()}
 
-    def env(self, **change: str) -> dict[str, str]:
-        """The standard configuration of an Azure client for this emulator (a connection string)."""
-        env = {"AZURE_STORAGE_CONNECTION_STRING": self.connection_string()}
-        env.update(change)
-        return env
-
-    def close(self) -> None:
-        service = getattr(self, "service", None)
-        if service is not None:
-            service.close()
-        if self.proc.poll() is None:  # its data is in memory, thrown away: no graceful close (seconds) to wait for
-            self.proc.kill()
-        self.proc.wait()
-
-    def __enter__(self) -> "AzuriteEmulator":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _close_clients(self) -> None:
+        if self.service is not None:
+            self.service.close()

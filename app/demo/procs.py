@@ -1,13 +1,13 @@
-"""Processes and ports of the demo, the benchmark and the tests: stop one politely, find a free port."""
+"""Processes and ports of the demo, the benchmark and the tests: stop one politely (``feedline.procs``), find a
+free port."""
 
 from __future__ import annotations
 
-import logging
-import signal
 import socket
-import subprocess
 
-log = logging.getLogger("feedline.demo")
+from ..procs import stop_process
+
+__all__ = ["free_port", "stop_process"]
 
 
 def free_port() -> int:
@@ -17,15 +17,3 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def stop_process(proc: subprocess.Popen, name: str = "process", timeout: float = 10.0,
-                 sig: int = signal.SIGTERM) -> int:
-    """Send ``sig`` (SIGTERM: what Docker and Kubernetes send), wait, SIGKILL after ``timeout``; the exit code."""
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %.0f s of %s; killing it", name, timeout, signal.Signals(sig).name)
-            proc.kill()
-            proc.wait()
-    return proc.returncode
