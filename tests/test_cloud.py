@@ -12,6 +12,9 @@ import os
 import subprocess
 import sys
 import threading
+import time
+import types
+import urllib.parse
 
 import pytest
 from helpers import KEPT_FOR_THE_MODULE, ROOT, id_shards, manifest_ids, wait_for, write_tar
@@ -128,9 +131,10 @@ def test_an_object_larger_than_a_part_arrives_whole_through_ranged_gets(cloud, c
 
 @pytest.fixture(params=["gcs", "azure"])
 def in_process(request, emulators, monkeypatch):
-    """A CloudStore in this process (4 request slots) on an emulator, and that emulator."""
+    """A CloudStore in this process (4 request slots, parts of 1 MiB: quick) on an emulator, and that emulator."""
     from feedline.sampler.cloud import CloudStore
 
+    monkeypatch.setattr("feedline.sampler.cloud.PART", 1 << 20)
     server = _emulator(emulators, request.param)
     for name, value in server.env().items():
         monkeypatch.setenv(name, value)
@@ -270,6 +274,98 @@ class _Answering(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+class _IgnoringRanges(http.server.BaseHTTPRequestHandler):
+    """A store that ignores ``Range`` (as GCS does for an object it serves decompressed): every GET of a known
+    name is the whole object with 200."""
+
+    def do_GET(self):
+        name = urllib.parse.unquote(self.path.split("?")[0]).rsplit("/", 1)[-1]
+        data = self.server.objects.get(name)
+        self.send_response(200 if data is not None else 404)
+        self.send_header("Content-Length", str(len(data or b"")))
+        self.send_header("ETag", '"v1"')
+        self.send_header("Last-Modified", "Wed, 21 Oct 2015 07:28:00 GMT")
+        self.end_headers()
+        try:
+            self.wfile.write(data or b"")
+        except OSError:  # the client dropped the answer it asked a range of
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_store_that_ignores_ranges_is_read_whole_in_one_plain_get(tmp_path, monkeypatch):
+    from feedline.sampler.cloud import PART, CloudStore
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _IgnoringRanges)
+    server.objects = {"small.tar": os.urandom(1000), "large.tar": os.urandom(2 * PART + 99)}
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        store = CloudStore(timeout=5, retries=1, threads=4)
+        for name, data in server.objects.items():
+            assert store.download(f"gs://{BUCKET}/{name}", str(tmp_path / name), lambda n: None) == len(data)
+            assert (tmp_path / name).read_bytes() == data
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _Dripping(http.server.BaseHTTPRequestHandler):
+    """A GCS that answers every object's headers at once, then drips its body a byte every half second."""
+
+    protocol_version = "HTTP/1.1"
+    SIZE = 1 << 20
+
+    def _headers(self):
+        ranged = "Range" in self.headers
+        self.send_response(206 if ranged else 200)
+        self.send_header("Content-Length", str(self.SIZE))
+        if ranged:
+            self.send_header("Content-Range", f"bytes 0-{self.SIZE - 1}/{self.SIZE}")
+        self.send_header("ETag", '"v1"')
+        self.send_header("Last-Modified", "Wed, 21 Oct 2015 07:28:00 GMT")
+        self.end_headers()
+
+    def do_HEAD(self):
+        self._headers()
+
+    def do_GET(self):
+        self._headers()
+        try:
+            for _ in range(self.SIZE):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(0.5)
+        except OSError:
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_stop_during_a_download_that_drips_exits_within_seconds_and_leaves_no_partial(cache, samplers):
+    from feedline.sampler.sidecar import STOP_GRACE
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Dripping)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        endpoint = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{server.server_address[1]}"}
+        s = sampler(types.SimpleNamespace(env=lambda **change: {**endpoint, **change}), cache,
+                    f"gs://{BUCKET}/ids-{{0000..0001}}.tar", samplers)
+        partial = os.path.join(cache, "shards", ".partial")
+        assert wait_for(lambda: os.path.isdir(partial) and len(os.listdir(partial)) == 2, 30), s.stop()
+        t0 = time.monotonic()
+        out = s.stop(timeout=STOP_GRACE + 10)  # obstore's own timeout would hold it for minutes
+        assert s.proc.returncode == 0 and time.monotonic() - t0 < STOP_GRACE + 5, out
+        assert "did not stop within" in out and os.listdir(partial) == []
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture

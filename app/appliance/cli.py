@@ -213,11 +213,15 @@ def cmd_sample(args: argparse.Namespace) -> int:
             _on_stop_signals(sidecar.stop)
             if stopping.is_set():
                 return 0
-            return sidecar.run()
+            code = sidecar.run()
         except SettingError as exc:
             if demo and exc.setting == "source":  # the usual cause: the demo profile is not running (yet)
                 raise SettingError("source", f"{exc.message}; {NO_DEMO_STORE}") from None
             raise
+    if sidecar.stuck:  # a download blocked in a store's client: the interpreter would join its thread forever
+        logging.shutdown()
+        os._exit(code)
+    return code
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -48,7 +48,7 @@ from ..formats.urls import redact_text
 from .ranged import CHUNK, RequestSlots, in_parallel, stream_into
 from .stores import StoreContext, StoreError, StoreObject
 
-PART = 16 << 20  # ranged GETs of this size, in parallel, for objects larger than it (as s3.py)
+PART = 16 << 20  # ranged GETs of this size (as s3.py), in parallel where request slots are spare
 _OURS = __name__.split(".")[0] + "."  # exceptions raised by feedline itself (a stop, a budget) pass through
 
 GCS_SCHEMES = ("gs", "gcs")
@@ -389,9 +389,11 @@ class CloudStore:
                 try:
                     first = obstore.get(store, key, options={"range": (0, PART)})
                 except Exception as exc:
-                    if _status(str(exc)) != 416:
+                    # an empty object (no range of it is satisfiable), or a server that ignores ranges (GCS
+                    # serving a gzip-encoded object decompressed): the whole object in one plain GET
+                    if _status(str(exc)) != 416 and _NOT_PARTIAL not in str(exc):
                         raise
-                    first = obstore.get(store, key)  # an empty object: no range of it is satisfiable
+                    return stream_into(obstore.get(store, key), f.fileno(), 0, progress)
                 size = int(first.meta["size"])
                 if size <= PART:
                     return stream_into(first, f.fileno(), 0, progress)
@@ -422,6 +424,7 @@ def _key(loc: Location, url: str) -> str:
     return loc.key
 
 
+_NOT_PARTIAL = "non-partial response"  # object_store: a 200 where a range was asked for
 _NO_BUCKET = re.compile(r"NoSuchBucket|ContainerNotFound|no bucket named|The specified bucket does not exist")
 
 

@@ -144,6 +144,11 @@ class MixedSidecar:
             raise errors[0]
         return max(codes, default=0)
 
+    @property
+    def stuck(self) -> list[str]:
+        """Every part's downloads still running when its run() returned (``Sidecar.stuck``)."""
+        return [sid for p in self.parts for sid in p.stuck]
+
     def stop(self) -> None:
         for p in self.parts:
             p.stop()

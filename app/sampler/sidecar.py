@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from ..cache.readers import leased_ids, read_readers, remove_stale
 from ..cache.ownership import claim_cache_dir
@@ -37,6 +37,7 @@ log = logging.getLogger("feedline.sampler")
 
 PROBE_SHARDS = 8  # remote shards whose size is checked against the budget at start-up
 PROBE_TIMEOUT = 10.0  # seconds one of those may take: the probe asks whether the store is up, not every shard
+STOP_GRACE = 5.0  # seconds a stop waits for the downloads in flight to end (Kubernetes grants 30 before SIGKILL)
 READER_STALE = 600.0  # seconds without a touch after which a reader's files go, where leases are off
 RELEASE_EVERY = 5.0  # seconds between looks at the readers' leases (expiry) for evicted shards kept on disk
 PROCESS_MEMORY = 128 << 20  # the sidecar's own memory, on top of the cache it writes
@@ -71,6 +72,7 @@ class Sidecar:
         self._quota = 0
         self.schedule = RetrySchedule(maximum=s.retry_max_seconds)
         self.fetched = 0
+        self.stuck: list[str] = []  # downloads still running when run() returned (see _drain)
         self._reconcile()
 
     # -- start-up checks ----------------------------------------------------------------------
@@ -312,13 +314,29 @@ class Sidecar:
                 self._wake.clear()
         finally:
             self.stop_event.set()
-            pool.shutdown(wait=True, cancel_futures=True)
+            self.stuck = self._drain(pool)
             for p in os.listdir(self.store.partial_dir):
                 os.unlink(os.path.join(self.store.partial_dir, p))
             self._drop_stale_readers()
             self._report()
         log.info("stopped: %d shards cached (%s)", len(self.store.entries), fmt_bytes(self.store.total_bytes))
         return 0
+
+    def _drain(self, pool: ThreadPoolExecutor) -> list[str]:
+        """Wait for the downloads in flight to end (``stop()`` cut them), at most STOP_GRACE seconds; the ids of
+        those still running then. An object store's client blocked in a read of a store that drips bytes
+        cannot be interrupted (obstore, boto3): the process leaves without it rather than outlive its
+        SIGTERM-to-SIGKILL grace, its partial file removed (``stuck``; the CLI exits at once)."""
+        pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            futures = dict(self._in_flight)
+        _, running = wait(futures.values(), timeout=STOP_GRACE)
+        stuck = sorted(sid for sid, f in futures.items() if f in running)
+        if stuck:
+            log.warning("%d download(s) did not stop within %.0f s of the stop (%s): their store's client cannot be "
+                        "interrupted mid-read; their partial files are removed and the sidecar exits without them",
+                        len(stuck), STOP_GRACE, ", ".join(stuck[:5]))
+        return stuck
 
     def _drop_stale_readers(self) -> None:
         """A killed trainer's reader files go once stale (``reader_lease``, else READER_STALE, without a touch)."""
