@@ -75,7 +75,7 @@ def test_an_exception_in_the_loop_stops_the_sidecar_and_removes_its_cache(remote
     assert gone([pid]) and not os.path.exists(default_cache(source))
 
 
-def test_a_trainer_killed_with_sigkill_leaves_no_sidecar_running(remote, tmp_path):
+def test_a_trainer_killed_with_sigkill_leaves_no_sidecar_running_and_no_cache(remote, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
         "import sys, time\n"
@@ -87,11 +87,14 @@ def test_a_trainer_killed_with_sigkill_leaves_no_sidecar_running(remote, tmp_pat
     line = proc.stdout.readline().split()
     pid, cache = int(line[0]), line[1]
     try:
+        assert os.path.isdir(cache)
         proc.kill()
         proc.wait()
         assert gone([pid]), "the sidecar outlived its trainer"
+        assert not os.path.exists(cache), "the cache outlived its trainer and sidecar"  # the sidecar removed it
     finally:
-        subprocess.run(["rm", "-rf", cache])  # SIGKILL gives the trainer no chance to remove it (documented)
+        proc.stdout.close()
+        subprocess.run(["rm", "-rf", cache])
 
 
 def test_local_ranks_share_the_sidecar_of_local_rank_0(remote):

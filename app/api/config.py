@@ -159,6 +159,9 @@ class Config:
                                          "after that reader's last sign of life (a trainer restarting from its "
                                          "checkpoint finds its epoch whole); 0: removed at once", "sampler",
                                   minimum=0)
+    remove_cache_on_exit: bool = setting(False, "remove the cache when the sampler exits, however it is stopped "
+                                                "(the loader's own sidecar: its trainer may die without a word)",
+                                         "sampler", parse=parse_bool)
     fetch_threads: int = setting(4, "concurrent shard downloads", "sampler", minimum=1, maximum=64)
     max_mbps: float = setting(0.0, "bandwidth cap of the downloads in MB/s (0: none)", "sampler", minimum=0)
     fetch_timeout: float = setting(30.0, "seconds without data before a download is retried", "sampler",

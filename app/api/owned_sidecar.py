@@ -5,9 +5,9 @@ loader. For ``https://``, ``s3://``, ``gs://``, ``az://``, ``hf://`` or ``pipe:`
 ``feedline sample`` as a child process with its cache in ``/dev/shm/feedline-<uid>-<hash>`` (or ``cache=``)
 and a budget (``cache_budget``), waits for it as the loader waits for any cache, reads the cache, and on
 ``close()`` stops the child and removes the cache it made (``keep_cache=True`` keeps it: the next run
-starts warm). The child dies with the thread that started it (``PR_SET_PDEATHSIG``): a trainer killed
-with SIGKILL leaves no sidecar running, though its cache stays, and the next loader on the same source
-reads it as the sidecar reconciles it.
+starts warm). The child dies with the thread that started it (``PR_SET_PDEATHSIG``) and removes the
+cache it was started for as it stops (``--remove-cache-on-exit``): a trainer killed with SIGKILL, or ended
+by a SIGTERM it does not handle, leaves neither a sidecar running nor its cache in ``/dev/shm``.
 
 Under torchrun the ranks of one node share one sidecar: local rank 0 starts it, the others read its cache
 (the folder is the same for every rank of a job: the source, the user and torchrun's run id name it). Local
@@ -110,6 +110,8 @@ class OwnedSidecar:
         cmd = [sys.executable, "-m", "feedline", "sample", "--source", source, "--cache", self.cache,
                "--budget", str(budget), "--metrics-port", "0", "--min-shards", str(min_shards),
                "--initial-shards", str(max(min_shards, 4))]  # the grow policy's first shards: at least min_shards
+        if made and not keep_cache:  # the sidecar removes it as it stops: also when this process dies unannounced
+            cmd += ["--remove-cache-on-exit", "true"]
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr,
                                      preexec_fn=_die_with_parent)

@@ -189,39 +189,11 @@ def _on_stop_signals(stop: Any) -> None:
 def cmd_sample(args: argparse.Namespace) -> int:
     cfg = Config.load(args)
     _setup_logging(cfg.log_level)
-    from ..metrics.catalog import SAMPLER
-    from ..metrics.exporter import Exporter
-    from ..sampler.mixed import MixedSidecar, mixture_of
-    from ..sampler.sidecar import Sidecar
+    from .sample import sample
 
     stopping = threading.Event()
     _on_stop_signals(stopping.set)  # first: a SIGTERM while starting up still stops cleanly
-    settings = cfg.sidecar_settings()
-    from ..demo.datasets import DEMO_STORE, NO_DEMO_STORE
-
-    demo = DEMO_STORE in cfg.source
-    if demo:
-        log.info("FEEDLINE_SOURCE is unset in compose: the demo dataset, from %s (%s)", DEMO_STORE, NO_DEMO_STORE)
-    mixture = mixture_of(settings.source)  # "NAME=SOURCE@WEIGHT ...": one part of the cache per source
-    with Exporter(SAMPLER, cfg.metrics_addr, cfg.port(9101), setting=Config.describe("metrics_port"),
-                  ready=lambda: (False, "starting: listing the source"),
-                  parts=("source", *(m.name for m in mixture)) if mixture else None) as exporter:
-        try:
-            sidecar: Sidecar | MixedSidecar = (MixedSidecar(settings, mixture, exporter.sink) if mixture
-                                               else Sidecar(settings, exporter.sink))
-            exporter.server.ready = sidecar.ready
-            _on_stop_signals(sidecar.stop)
-            if stopping.is_set():
-                return 0
-            code = sidecar.run()
-        except SettingError as exc:
-            if demo and exc.setting == "source":  # the usual cause: the demo profile is not running (yet)
-                raise SettingError("source", f"{exc.message}; {NO_DEMO_STORE}") from None
-            raise
-    if sidecar.stuck:  # a download blocked in a store's client: the interpreter would join its thread forever
-        logging.shutdown()
-        os._exit(code)
-    return code
+    return sample(cfg, stopping, _on_stop_signals)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
