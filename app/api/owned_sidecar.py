@@ -42,8 +42,9 @@ DEFAULT_ROOT = "/dev/shm"
 DEFAULT_BUDGET_SHARE = 0.5  # of the cache filesystem's free space, when cache_budget is not given ...
 DEFAULT_BUDGET_MAX = 16 << 30  # ... and at most this
 STDERR_TAIL = 4000
-LINGER = 20.0  # seconds local rank 0's close waits for the other local ranks to stop reading the cache: under
-# torchrun's 30 s from SIGTERM to SIGKILL, so that a job stopped by torchrun still stops the sidecar and removes its cache
+# seconds local rank 0's close waits for the other local ranks to stop reading the cache: under torchrun's 30 s
+# from SIGTERM to SIGKILL, so that a job stopped by torchrun still stops the sidecar and removes its cache
+LINGER = 20.0
 
 
 def remote_source(shards: Any) -> str | None:
