@@ -6,7 +6,6 @@ credentials, so GCS's refusals (403, 429, 503) come from a stub that answers eve
 the way GCS's XML API does.
 """
 
-import contextlib
 import http.server
 import os
 import subprocess
@@ -131,7 +130,7 @@ def test_an_object_larger_than_a_part_arrives_whole_through_ranged_gets(cloud, c
 
 @pytest.fixture(params=["gcs", "azure"])
 def in_process(request, emulators, monkeypatch):
-    """A CloudStore in this process (4 request slots, parts of 1 MiB: quick) on an emulator, and that emulator."""
+    """A CloudStore in this process (4 threads, parts of 1 MiB: quick) on an emulator, and that emulator."""
     from feedline.sampler.cloud import CloudStore
 
     monkeypatch.setattr("feedline.sampler.cloud.PART", 1 << 20)
@@ -151,23 +150,11 @@ def _large(server, key):
     return data
 
 
-def test_a_lone_large_object_takes_the_spare_request_slots_for_parallel_parts(in_process, tmp_path):
+def test_a_large_object_arrives_whole_through_parallel_ranges(in_process, tmp_path):
     store, server, url = in_process
-    data, most = _large(server, "lone/big.tar"), []
-    n = store.download(url("lone/big.tar"), str(tmp_path / "big.tar"), lambda n: most.append(store.slots.in_flight))
-    assert n == len(data) and (tmp_path / "big.tar").read_bytes() == data
-    assert max(most) == 3 and store.slots.in_flight == 0  # its own GET and two parts beside it; all given back
-
-
-def test_a_large_object_is_fetched_in_this_thread_alone_while_every_slot_is_busy(in_process, tmp_path):
-    store, server, url = in_process
-    data, most = _large(server, "busy/big.tar"), []
-    with contextlib.ExitStack() as others:  # three other downloads hold the other slots
-        for _ in range(3):
-            others.enter_context(store.slots.held())
-        store.download(url("busy/big.tar"), str(tmp_path / "big.tar"), lambda n: most.append(store.slots.in_flight))
+    data = _large(server, "large/big.tar")
+    assert store.download(url("large/big.tar"), str(tmp_path / "big.tar"), lambda n: None) == len(data)
     assert (tmp_path / "big.tar").read_bytes() == data
-    assert set(most) == {4} and store.slots.in_flight == 0  # no GET beyond the fetch threads'
 
 
 def test_an_object_replaced_between_its_ranges_is_fetched_again_never_spliced(in_process, tmp_path):
@@ -181,7 +168,8 @@ def test_an_object_replaced_between_its_ranges_is_fetched_again_never_spliced(in
             replaced.append(_large(server, "replaced/big.tar"))
 
     replaced = []
-    with store.slots.held(), store.slots.held(), store.slots.held(), pytest.raises(StoreError) as caught:
+    store.threads = 1  # one range after the other: the later ones ask after the object was replaced
+    with pytest.raises(StoreError) as caught:
         store.download(url("replaced/big.tar"), str(tmp_path / "big.tar"), replace_once)
     assert caught.value.reason == "truncated" and caught.value.retry and "replaced" in str(caught.value)
 
@@ -191,17 +179,6 @@ def test_an_empty_object_arrives_as_an_empty_file(in_process, tmp_path):
     server.put("empty/none.tar", b"")
     assert store.download(url("empty/none.tar"), str(tmp_path / "none.tar"), lambda n: None) == 0
     assert (tmp_path / "none.tar").read_bytes() == b""
-
-
-def test_request_slots_lend_a_download_only_what_no_other_download_holds():
-    from feedline.sampler.ranged import RequestSlots
-
-    slots = RequestSlots(4)
-    with slots.held() as a:
-        assert a.take(5) == 3 and slots.in_flight == 4
-        with slots.held() as b:  # a download always runs, even past the limit; it gets no part beside it
-            assert b.take(2) == 0 and slots.in_flight == 5
-    assert slots.in_flight == 0
 
 
 def refusal(cache, source, env, drop=()):

@@ -19,9 +19,9 @@ Azure (``az://container/key``; ``abfs://container@account.dfs.core.windows.net/k
     container with a folder, so it is not a form). ``abfs://`` names the account in the URL, fsspec's form.
     ``UseDevelopmentStorage=true`` or a connection string's ``BlobEndpoint`` reaches Azurite.
 
-An object is fetched with ranged GETs of ``PART`` bytes, in parallel only on request slots the other
-downloads leave free (``ranged.py``), each streamed into its place in the new file in chunks of ``CHUNK``: no
-more than a chunk per part is ever held in memory. Every error is a
+A large object is fetched with ranged GETs of ``PART`` bytes in parallel (``ranged.py``), each streamed into
+its place in the new file in chunks of ``CHUNK``: no more than a chunk per part is ever held in memory. Every
+error is a
 ``StoreError`` naming the object and what to do: no credentials (and which variables), access denied, no
 such bucket / container / object, the endpoint unreachable, throttled.
 
@@ -45,10 +45,10 @@ from typing import Any
 
 from ..formats.files import create_new
 from ..formats.urls import redact_text
-from .ranged import CHUNK, RequestSlots, in_parallel, stream_into
+from .ranged import CHUNK, in_parallel, stream_into
 from .stores import StoreContext, StoreError, StoreObject
 
-PART = 16 << 20  # ranged GETs of this size (as s3.py), in parallel where request slots are spare
+PART = 16 << 20  # ranged GETs of this size, in parallel, for objects larger than it (as s3.py)
 _OURS = __name__.split(".")[0] + "."  # exceptions raised by feedline itself (a stop, a budget) pass through
 
 GCS_SCHEMES = ("gs", "gcs")
@@ -144,7 +144,6 @@ class CloudStore:
             raise StoreError("denied", "gs:// and az:// sources need obstore (pip install obstore; the image has "
                                        "it)", retry=False) from None
         self.threads = max(1, threads)
-        self.slots = RequestSlots(self.threads)  # the GETs in flight: a part in parallel only on a spare one
         # object_store's timeout bounds a whole request; a request moves at most PART bytes (a part, or an object
         # no larger), so this is a floor of PART / (4 x timeout) bytes/s, 0.14 MB/s at 30 s.
         self._client_options = {"connect_timeout": timedelta(seconds=min(timeout, 10.0)),
@@ -375,17 +374,15 @@ class CloudStore:
         """Fetch an object into the new file ``dest``; ``progress(bytes)`` is called per chunk, from several
         threads, and may raise to stop. Returns the bytes written.
 
-        No HEAD first: the first part's GET answers with the object's size (``Content-Range``), so the rest
-        starts as soon as its headers arrive. The rest is one more GET in this thread while every fetch thread
-        is busy, or ranged parts in parallel on the request slots no other download holds (a lone large
-        object: the end of a list, one huge shard) — never more requests in flight than fetch threads, which
-        on a busy node only split the same bandwidth more ways at a higher cost a byte. Every later GET must
-        answer with the first one's ETag, so an object replaced meanwhile is fetched again, never spliced."""
+        No HEAD first: the first part's GET answers with the object's size (``Content-Range``), so the other
+        parts start as soon as its headers arrive, up to ``threads`` of them at once (boto3 and s5cmd split an
+        object the same way: across a network one stream seldom fills the link). Every later part must answer
+        with the first one's ETag, so an object replaced meanwhile is fetched again, never spliced."""
         import obstore
 
         def run(store: Any, loc: Location) -> int:
             key = _key(loc, url)
-            with create_new(dest) as f, self.slots.held() as slots:  # never a file that was there, nor a link
+            with create_new(dest) as f:  # never a file that was there, never through a link
                 try:
                     first = obstore.get(store, key, options={"range": (0, PART)})
                 except Exception as exc:
@@ -398,9 +395,7 @@ class CloudStore:
                 if size <= PART:
                     return stream_into(first, f.fileno(), 0, progress)
                 os.ftruncate(f.fileno(), size)  # each part is written at its place
-                starts = range(PART, size, PART)
-                helpers = slots.take(len(starts))
-                spans = [(0, PART)] + ([(s, min(s + PART, size)) for s in starts] if helpers else [(PART, size)])
+                spans = [(start, min(start + PART, size)) for start in range(0, size, PART)]
 
                 def part(span: tuple[int, int], stop: threading.Event) -> int:
                     got = first if span[0] == 0 else obstore.get(store, key, options={"range": span})
@@ -413,7 +408,7 @@ class CloudStore:
                                          retry=True)
                     return n
 
-                return in_parallel(part, spans, 1 + helpers)
+                return in_parallel(part, spans, min(self.threads, len(spans)))
 
         return self._call(url, url, run)
 
