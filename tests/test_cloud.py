@@ -152,9 +152,11 @@ def _large(server, key):
 
 def test_a_large_object_arrives_whole_through_parallel_ranges(in_process, tmp_path):
     store, server, url = in_process
-    data = _large(server, "large/big.tar")
-    assert store.download(url("large/big.tar"), str(tmp_path / "big.tar"), lambda n: None) == len(data)
+    data, writers = _large(server, "large/big.tar"), set()
+    assert store.download(url("large/big.tar"), str(tmp_path / "big.tar"),
+                          lambda n: writers.add(threading.get_ident())) == len(data)
     assert (tmp_path / "big.tar").read_bytes() == data
+    assert len(writers) >= 2  # its three ranges in threads of their own (one may take two): not one after another
 
 
 def test_an_object_replaced_between_its_ranges_is_fetched_again_never_spliced(in_process, tmp_path):
@@ -274,21 +276,15 @@ class _IgnoringRanges(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_store_that_ignores_ranges_is_read_whole_in_one_plain_get(tmp_path, monkeypatch):
+def test_a_store_that_ignores_ranges_is_read_whole_in_one_plain_get(stubs, tmp_path, monkeypatch):
     from feedline.sampler.cloud import PART, CloudStore
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _IgnoringRanges)
-    server.objects = {"small.tar": os.urandom(1000), "large.tar": os.urandom(2 * PART + 99)}
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_address[1]}")
-    try:
-        store = CloudStore(timeout=5, retries=1, threads=4)
-        for name, data in server.objects.items():
-            assert store.download(f"gs://{BUCKET}/{name}", str(tmp_path / name), lambda n: None) == len(data)
-            assert (tmp_path / name).read_bytes() == data
-    finally:
-        server.shutdown()
-        server.server_close()
+    objects = {"small.tar": os.urandom(1000), "large.tar": os.urandom(2 * PART + 99)}
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", stubs(_IgnoringRanges, objects=objects))
+    store = CloudStore(timeout=5, retries=1, threads=4)
+    for name, data in objects.items():
+        assert store.download(f"gs://{BUCKET}/{name}", str(tmp_path / name), lambda n: None) == len(data)
+        assert (tmp_path / name).read_bytes() == data
 
 
 class _Dripping(http.server.BaseHTTPRequestHandler):
@@ -324,34 +320,31 @@ class _Dripping(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_stop_during_a_download_that_drips_exits_within_seconds_and_leaves_no_partial(cache, samplers):
+def test_a_stop_during_a_download_that_drips_exits_within_seconds_and_leaves_no_partial(stubs, cache, samplers):
     from feedline.sampler.sidecar import STOP_GRACE
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Dripping)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        endpoint = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{server.server_address[1]}"}
-        s = sampler(types.SimpleNamespace(env=lambda **change: {**endpoint, **change}), cache,
-                    f"gs://{BUCKET}/ids-{{0000..0001}}.tar", samplers)
-        partial = os.path.join(cache, "shards", ".partial")
-        assert wait_for(lambda: os.path.isdir(partial) and len(os.listdir(partial)) == 2, 30), s.stop()
-        t0 = time.monotonic()
-        out = s.stop(timeout=STOP_GRACE + 10)  # obstore's own timeout would hold it for minutes
-        assert s.proc.returncode == 0 and time.monotonic() - t0 < STOP_GRACE + 5, out
-        assert "did not stop within" in out and os.listdir(partial) == []
-    finally:
-        server.shutdown()
-        server.server_close()
+    endpoint = {"STORAGE_EMULATOR_HOST": stubs(_Dripping)}
+    s = sampler(types.SimpleNamespace(env=lambda **change: {**endpoint, **change}), cache,
+                f"gs://{BUCKET}/ids-{{0000..0001}}.tar", samplers)
+    partial = os.path.join(cache, "shards", ".partial")
+    assert wait_for(lambda: os.path.isdir(partial) and len(os.listdir(partial)) == 2, 30), s.stop()
+    t0 = time.monotonic()
+    out = s.stop(timeout=STOP_GRACE + 10)  # obstore's own timeout would hold it for minutes
+    assert s.proc.returncode == 0 and time.monotonic() - t0 < STOP_GRACE + 5, out
+    assert "did not stop within" in out and os.listdir(partial) == []
 
 
 @pytest.fixture
-def answering():
+def stubs():
+    """``start(handler, **attributes)``: a stub store on 127.0.0.1 answering with ``handler`` (the attributes set on
+    its server); its base URL. Every one started is shut at the test's end."""
     servers = []
 
-    def start(status, code):
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answering)
-        server.status, server.code = status, code
+    def start(handler, **attributes):
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server.daemon_threads = True
+        for name, value in attributes.items():
+            setattr(server, name, value)
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}"
@@ -360,6 +353,11 @@ def answering():
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def answering(stubs):
+    return lambda status, code: stubs(_Answering, status=status, code=code)
 
 
 @pytest.mark.parametrize("form", ["train/ids-{0000..0001}.tar", "train/"])

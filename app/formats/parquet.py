@@ -119,6 +119,9 @@ _WIDEST = 33  # a decimal, or a type this table does not name
 _AS_DICTIONARY = ("NONE", "STRING", "ENUM")  # byte-array logical types pyarrow reads as dictionaries (binary, str)
 
 
+DICTIONARY_PAGE = 2  # parquet.thrift's PageType
+
+
 def dictionary_page_bytes(data: Any, offset: int | None) -> int | None:
     """The uncompressed size of the dictionary page at ``offset`` of the file ``data``, from its page header (Thrift's
     compact protocol: field 1 the page type, 2 its uncompressed size); None where it cannot be read so."""
@@ -150,8 +153,6 @@ def dictionary_page_bytes(data: Any, offset: int | None) -> int | None:
     return fields[2]
 
 
-DICTIONARY_PAGE = 2  # parquet.thrift's PageType
-
 
 def group_bytes(meta: Any, group: int, names: Collection[str] | None, data: Any = None,
                 limit: int = 0) -> tuple[int, list[str]]:
@@ -161,9 +162,9 @@ def group_bytes(meta: Any, group: int, names: Collection[str] | None, data: Any 
 
     A dictionary column (not a list's) is read densely after all where the file (``data``) shows that bounded
     within ``limit``: each row holds a value of a plain page (their bytes are the chunk's) or one of the
-    dictionary, no larger than its page. A writer falls back to plain pages once the dictionary fills (pyarrow: at 1 MiB), so a column of
-    distinct large values — images, tensors — is mostly plain; read as a dictionary, each value would be hashed
-    into one (a third of the samples/s of 1 MiB rows)."""
+    dictionary, no larger than its page. A writer falls back to plain pages once the dictionary fills (pyarrow:
+    at 1 MiB), so a column of distinct large values — images, tensors — is mostly plain; read as a dictionary,
+    each value would be hashed into one (a third of the samples/s of 1 MiB rows)."""
     rg = meta.row_group(group)
     total, dictionaries = 0, []
     for i in range(rg.num_columns):
