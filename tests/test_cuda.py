@@ -42,7 +42,8 @@ def test_copies_are_timed_and_the_stream_wait_is_measured(gpu_shards):
                 torch.cuda.current_stream().synchronize()
         s = loader.stats()
     assert s.h2d_seconds.count == s.batches_total == 3 * 16
-    assert s.bytes_total["transferred"] == 3 * 4 * 64 * (4096 + 8)
+    # bin, cls and the key (side fields count too, as on the CPU: test_stats_report_queues_samples_and_bytes)
+    assert s.bytes_total["transferred"] == 3 * 4 * 64 * (4096 + 8 + len("s0000000")) == s.bytes_total["decoded"]
     assert s.h2d_wait_seconds_total >= 0.0
 
 

@@ -58,6 +58,7 @@ def test_a_wheel_installs_by_unpacking_it_its_data_folder_included(tmp_path):
     with zipfile.ZipFile(wheels / "gpu_check_probe-1.0-py3-none-any.whl", "w") as z:
         z.writestr("gpu_check_probe/__init__.py", "VALUE = 1\n")
         z.writestr("gpu_check_probe-1.0.data/purelib/gpu_check_extra.py", "VALUE = 2\n")
+        z.writestr("gpu_check_probe-1.0.data/scripts/probe-tool", "#!/bin/sh\necho probed\n")  # as py-spy's program
         z.writestr("gpu_check_probe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: gpu-check-probe\n"
                                                               "Version: 1.0\n")
     listing = tmp_path / "list.txt"
@@ -69,3 +70,84 @@ def test_a_wheel_installs_by_unpacking_it_its_data_folder_included(tmp_path):
                            env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True)
     assert check.stdout.split() == ["3", "1.0"], check.stderr
     assert not any(p.endswith(".data") for p in os.listdir(site))
+    assert subprocess.run([str(site / "bin" / "probe-tool")], capture_output=True, text=True).stdout == "probed\n"
+
+
+RAW_STACKS = (
+    'process 10:"python -m feedline.bench.contenders feedline";thread (10): MainThread;<module> (contenders.py:1);'
+    'run (/x/contenders.py:140);Epoch.__next__ (/x/iterator.py:88) 30\n'
+    'process 10:"python -m feedline.bench.contenders feedline";thread (10): MainThread;<module> (contenders.py:1);'
+    'run (/x/contenders.py:141) 10\n'
+    'process 10:"python -m feedline.bench.contenders feedline";thread (11): feedline-transfer-0;'
+    'Transfer._copy (/x/transfer.py:270) 20\n'
+    'process 10:"python -m feedline.bench.contenders feedline";process 12:"python -c import sys; sys.path[:] = '
+    'json.loads(sys.argv[1]); child(x)";thread (12): MainThread;<module> (<string>:1);fill (/x/spec.py:50) 150\n'
+    'process 10:"python -m feedline.bench.contenders feedline";process 13:"python -c import sys\nchild(y)";'
+    'thread (13): MainThread;<module> (<string>:1);fill (/x/spec.py:51) 50\n'
+)
+
+
+def test_a_profile_splits_cpu_between_the_training_process_its_threads_and_the_workers():
+    from feedline.bench import pyspy
+
+    s = pyspy.summarize(RAW_STACKS, rate=100)
+    train, workers = s[pyspy.TRAINING], s[pyspy.WORKERS]
+    assert train["cpu_s"] == 0.6 and train["processes"] == 1
+    assert train["threads"] == {"MainThread": 0.4, "feedline-transfer-0": 0.2}
+    assert train["self"][0] == ["Epoch.__next__ (iterator.py)", 0.3]
+    assert dict(map(tuple, train["total"]))["run (contenders.py)"] == 0.4  # lines of a function add up
+    # a worker's command line holds ';': it still counts as one process, not as frames
+    assert workers["cpu_s"] == 2.0 and workers["processes"] == 2
+    assert workers["self"] == [["fill (spec.py)", 2.0], ["<module> (<string>)", 0.0]][:len(workers["self"])]
+    md = pyspy.markdown("raw", s, seconds=2.0)
+    assert "training process: 0.60 CPU s (30% of a core; 1 process)" in md
+    assert "worker processes: 2.00 CPU s (100% of a core; 2 processes)" in md
+
+
+def test_a_real_process_profiled_names_its_busy_thread_and_its_child(tmp_path):
+    from feedline.bench import pyspy
+
+    assert pyspy.binary(), "py-spy is a test dependency (pyproject's test extra)"
+    prog = ("import json, multiprocessing as mp, sys, threading, time\n"
+            "def burn(s):\n    t = time.time()\n    while time.time() - t < s: sum(range(1000))\n"
+            "if __name__ == '__main__':\n"
+            "    burn(0.5)  # start-up, before the clock: left out of the profile\n"
+            "    p = mp.get_context('spawn').Process(target=burn, args=(3,)); p.start()\n"
+            "    th = threading.Thread(target=burn, args=(3,), name='busy-thread'); th.start()\n"
+            f"    print({pyspy.TIMING!r}, file=sys.stderr, flush=True)\n"
+            "    th.join(); p.join(); print(json.dumps({'samples_per_s': 1.0}))\n")
+    (tmp_path / "prog.py").write_text(prog)  # a file: a spawned child imports its parent's main module
+    result, raw, problem = pyspy.record([sys.executable, str(tmp_path / "prog.py")], dict(os.environ), duration=1.0)
+    if "Permission denied" in problem or "ptrace" in problem.lower():
+        import pytest
+
+        pytest.skip(f"this machine does not let py-spy attach: {problem}")
+    assert result == {"samples_per_s": 1.0} and problem == ""
+    s = pyspy.summarize(raw)
+    assert s[pyspy.TRAINING]["threads"].get("busy-thread", 0) > 0.3
+    assert s[pyspy.TRAINING]["threads"].get("MainThread", 0) < 0.1  # its start-up burn came before the clock
+    assert s[pyspy.WORKERS]["processes"] == 1 and s[pyspy.WORKERS]["cpu_s"] > 0.3
+    assert any(fn.startswith("burn ") for fn, _ in s[pyspy.WORKERS]["self"])
+
+
+def test_a_lent_machines_results_are_recorded_under_its_host_and_kept_by_the_next_bench_run(tmp_path):
+    import shutil
+
+    from feedline.bench import gpu_check
+    from feedline.bench.sections import keep_earlier_sections
+
+    bench_json, bench_md = tmp_path / "benchmarks.json", tmp_path / "benchmarks.md"
+    shutil.copy(os.path.join(ROOT, "docs", "benchmarks.json"), bench_json)
+    doc = json.loads(bench_json.read_text())
+    host = next(h for h in doc if "gpu" in doc[h]["machine"])
+    results = {"when": "2030-01-01 00:00 UTC", "machine": {**doc[host]["machine"], "crop_decoder": "the PIL path"},
+               "steps": [], "sections": {"raw": {"summary": "7.00x DataLoader", "met": True, "rows": {}}}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert gpu_check.record(str(tmp_path / "results.json"), ["a note the reader needs"], str(bench_json),
+                            str(bench_md)) == host
+    md = bench_md.read_text()
+    assert "### The CUDA path's check (`scripts/gpu-check`), 2030-01-01 00:00 UTC" in md
+    assert "a note the reader needs" in md and "| raw | " in md and "7.00x DataLoader | yes |" in md
+    kept = json.loads(bench_json.read_text())[host]
+    rerun = {**{k: v for k, v in kept.items() if k != "gpu_check"}, "settings": {**kept["settings"], "seconds": 99}}
+    assert keep_earlier_sections(kept, rerun, 4)["gpu_check"]["when"] == "2030-01-01 00:00 UTC"

@@ -25,6 +25,7 @@ import torch
 from ..formats.transforms import RandomResizedCrop
 from ..loader.settings import SHUFFLES
 from . import peers
+from .pyspy import TIMING
 from .samples import Convert, collate_mixed, tar_samples
 
 
@@ -151,6 +152,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         torch.cuda.synchronize()
                     t_start, cpu_start = time.perf_counter(), time.process_time()
                     deadline = t_start + args.seconds
+                    print(TIMING, file=sys.stderr, flush=True)  # gpu-check's py-spy profile starts here
                 elif t_start is not None:
                     samples += n
                     nbytes += b

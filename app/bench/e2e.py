@@ -25,6 +25,7 @@ from torch import nn
 
 from ..formats.transforms import RandomResizedCrop
 from .contenders import TarShards
+from .pyspy import TIMING
 from .samples import Convert
 
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -63,19 +64,26 @@ def resnet(blocks: tuple[int, ...] = (3, 4, 6, 3), base: int = 64, classes: int 
     return nn.Sequential(*layers)
 
 
-def _feed(args: argparse.Namespace, device: torch.device) -> Iterable[dict[str, Any]]:
-    shards = sorted(glob.glob(args.shards))
-    if args.feed == "feedline":
-        from ..api.staging_loader import StagingLoader
+def _loader(args: argparse.Namespace, device: str) -> Any:
+    from ..api.staging_loader import StagingLoader
 
-        extra: dict[str, Any] = ({"device_decode": {"fields": ["jpg"], "size": args.image_size}}
-                                 if args.device_decode else
-                                 {"spec": {"jpg": ("uint8", (args.image_size, args.image_size, 3)), "cls": "int64"},
-                                  "transform": RandomResizedCrop(args.image_size, fields=["jpg"])})
-        return StagingLoader(shards, fields=["jpg", "cls"], batch_size=args.batch_size, workers=args.workers,
-                             device=str(device), shuffle=False, **extra)
+    extra: dict[str, Any] = ({"device_decode": {"fields": ["jpg"], "size": args.image_size}}
+                             if args.device_decode else
+                             {"spec": {"jpg": ("uint8", (args.image_size, args.image_size, 3)), "cls": "int64"},
+                              "transform": RandomResizedCrop(args.image_size, fields=["jpg"])})
+    return StagingLoader(sorted(glob.glob(args.shards)), fields=["jpg", "cls"], batch_size=args.batch_size,
+                         workers=args.workers, device=device, shuffle=False, **extra)
+
+
+def _feed(args: argparse.Namespace, device: torch.device) -> Iterable[dict[str, Any]]:
+    if args.feed == "feedline":
+        return _loader(args, str(device))
+    if args.feed == "feedline-host":  # a diagnosis: host batches, copied by the loop as DataLoader's are
+        return _loader(args, "cpu")
+    if args.feed == "synthetic-beside":  # a diagnosis: the ceiling's step with a loader running in the process
+        return _Beside(_Synthetic(args.batch_size, args.image_size, device), _loader(args, str(device)))
     if args.feed == "dataloader":
-        return torch.utils.data.DataLoader(TarShards(shards, Convert("jpeg", args.image_size)),
+        return torch.utils.data.DataLoader(TarShards(sorted(glob.glob(args.shards)), Convert("jpeg", args.image_size)),
                                            batch_size=args.batch_size, num_workers=args.workers,
                                            pin_memory=device.type == "cuda", persistent_workers=True,
                                            prefetch_factor=4, multiprocessing_context="spawn", drop_last=True)
@@ -95,6 +103,62 @@ class _Synthetic:
             yield self.batch
 
 
+class _Beside:
+    """The synthetic batches, while a thread drains a loader's batches and drops them: does the loader's mere
+    running (its threads, streams, copies) slow the step, or only using its tensors?"""
+
+    def __init__(self, synthetic: _Synthetic, loader: Any):
+        import threading
+
+        self.synthetic, self.loader, self.stop = synthetic, loader, threading.Event()
+        self.drained = 0
+        self.thread = threading.Thread(target=self._drain, name="e2e-beside", daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        while not self.stop.is_set():
+            for _ in self.loader:
+                self.drained += 1
+                if self.stop.is_set():
+                    return
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.synthetic)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        self.loader.close()
+
+
+def _trace(step: Any, steps: int, cuda: bool) -> dict[str, Any]:
+    """``steps`` more steps under torch's profiler: the device's own time a step (on CUDA: kernels and copies)
+    against the wall time a step, and the kernels that took it. Equal device time and a longer wall: the GPU
+    waited (for the CPU, or a sync); a longer device time: the kernels themselves ran slower."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        wall = time.perf_counter() - t0
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    events = [e for e in prof.key_averages() if getattr(e, "device_type", kind) == kind]
+
+    def own_us(e: Any) -> float:
+        if not cuda:
+            return float(e.self_cpu_time_total)
+        return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
+
+    events.sort(key=own_us, reverse=True)
+    return {"steps": steps, "wall_ms_per_step": 1000 * wall / steps,
+            "device_ms_per_step": sum(map(own_us, events)) / 1000 / steps,
+            "top": [[e.key[:80], round(own_us(e) / 1000 / steps, 3), e.count // steps] for e in events[:8]]}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -107,47 +171,67 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     classes = 1000 if args.model == "resnet50" else 10
     feed = _feed(args, device)
     it = iter(feed)
-    images, waited, t0, cpu0 = 0, 0.0, 0.0, 0.0
+    waited = 0.0
+
+    def step() -> int:
+        nonlocal it, waited
+        asked = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:  # an epoch ended: the next one
+            it = iter(feed)
+            batch = next(it, None)
+            if batch is None:  # DataLoader's workers each drop their last partial batch
+                raise SystemExit(f"e2e: an epoch of {args.feed} gave no batch: {args.workers} workers need "
+                                 f"{args.batch_size} samples each, in their own shards (more samples, or fewer "
+                                 f"workers)") from None
+        waited += time.perf_counter() - asked
+        x, y = batch["jpg"], batch["cls"]
+        if x.device != device:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        x = ((x.permute(0, 3, 1, 2).float() - mean) / std).contiguous(
+            memory_format=torch.channels_last if cuda else torch.contiguous_format)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = F.cross_entropy(model(x), y.long() % classes)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return int(y.shape[0])
+
+    out: dict[str, Any] = {"feed": args.feed, "model": args.model, "device": str(device), "steps": args.steps,
+                           "batch_size": args.batch_size, "device_decode": bool(args.device_decode)}
     try:
-        for step in range(args.warmup + args.steps):
-            if step == args.warmup:  # the clock starts once the pipeline and the kernels are warm
-                if cuda:
-                    torch.cuda.synchronize()
-                images, waited, t0, cpu0 = 0, 0.0, time.perf_counter(), time.process_time()
-            asked = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:  # an epoch ended: the next one
-                it = iter(feed)
-                batch = next(it)
-            waited += time.perf_counter() - asked
-            x, y = batch["jpg"], batch["cls"]
-            if x.device != device:
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            x = ((x.permute(0, 3, 1, 2).float() - mean) / std).contiguous(
-                memory_format=torch.channels_last if cuda else torch.contiguous_format)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
-                loss = F.cross_entropy(model(x), y.long() % classes)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            images += int(y.shape[0])
+        for _ in range(args.warmup):
+            step()
+        if cuda:  # the clock starts once the pipeline and the kernels are warm
+            torch.cuda.synchronize()
+        print(TIMING, file=sys.stderr, flush=True)  # gpu-check's py-spy profile starts here
+        stats = getattr(feed, "loader", feed)
+        gpu_wait0 = stats.stats().h2d_wait_seconds_total if hasattr(stats, "stats") else None
+        images, waited, t0, cpu0 = 0, 0.0, time.perf_counter(), time.process_time()
+        for _ in range(args.steps):
+            images += step()
         if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
+        out.update(samples_per_s=images / wall, starvation=waited / wall, main_cpu_pct=100.0 * cpu / wall)
+        if gpu_wait0 is not None and cuda and args.feed != "synthetic-beside":
+            # the GPU's own wait for the loader's copies (the host's starvation cannot see it): a share of the wall
+            out["gpu_copy_wait"] = (stats.stats().h2d_wait_seconds_total - gpu_wait0) / wall
+        if args.trace_steps:
+            out["trace"] = _trace(step, args.trace_steps, cuda)
     finally:
         close = getattr(feed, "close", None)
         if close is not None:
             close()
-    return {"feed": args.feed, "model": args.model, "device": str(device), "steps": args.steps,
-            "batch_size": args.batch_size, "samples_per_s": images / wall, "starvation": waited / wall,
-            "main_cpu_pct": 100.0 * cpu / wall, "device_decode": bool(args.device_decode)}
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("feed", choices=("feedline", "dataloader", "synthetic"))
+    p.add_argument("feed", choices=("feedline", "dataloader", "synthetic", "feedline-host", "synthetic-beside"),
+                   help="feedline-host and synthetic-beside: gpu-check's diagnosis of a missed e2e target")
     p.add_argument("--shards", default="", help="a glob of the JPEG workload's shards")
     p.add_argument("--model", choices=("resnet50", "tiny"), default="resnet50")
     p.add_argument("--workers", type=int, default=4)
@@ -156,6 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=50, help="timed steps, after --warmup")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--device-decode", action="store_true", help="feedline: decode the JPEGs on the device")
+    p.add_argument("--trace-steps", type=int, default=0, help="after the timed steps, this many more under torch's "
+                   "profiler (the device's own time a step against the wall's)")
     args = p.parse_args(argv)
     print(json.dumps(run(args)), flush=True)
 

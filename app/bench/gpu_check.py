@@ -26,16 +26,13 @@ import sys
 import time
 from typing import Any
 
+from .gpu_data import datasets, to_shm
+from .gpu_results import PROFILE_SECONDS, SECTIONS, markdown
 from .rounds import Contender, interleaved, ratio
 
-TARGETS = {
-    "raw": "feedline >= 5x DataLoader (pinned, non_blocking) samples/s, the training process's CPU <= 10 % of a core",
-    "decode": "device_decode >= 2x CPU decode samples/s, the same workers",
-    "h2d": "the loader's copies against torch's own pinned copy bandwidth (a row)",
-    "e2e": "ResNet-50 step fed by feedline within 5 % of synthetic data on the device",
-}
-SECTIONS = tuple(TARGETS)
 COST = {"raw": 60, "decode": 70, "h2d": 5, "e2e": 150}  # about how many seconds each takes on an H100 host
+WHY_COST = 70  # the e2e section's diagnosis of a missed target: four contenders once
+PROFILE_COST = 25  # seconds a py-spy profile of one contender takes
 
 
 def _bench_args(args: argparse.Namespace, workers: int) -> argparse.Namespace:
@@ -101,10 +98,7 @@ def _section_e2e(args: argparse.Namespace, data: dict[str, str]) -> dict[str, An
     from .runner import _run_json
 
     def c(row: str, feed: str, *extra: str) -> Contender:
-        cmd = [sys.executable, "-m", "feedline.bench.e2e", feed, "--shards", data["jpeg"], "--model", args.e2e_model,
-               "--workers", str(args.e2e_workers), "--batch-size", str(args.e2e_batch_size),
-               "--steps", str(args.e2e_steps), "--warmup", "5", "--image-size",
-               "224" if args.e2e_model == "resnet50" else "32", *extra]
+        cmd = _e2e_cmd(args, data, feed, args.e2e_steps, *extra)
         return Contender(row, lambda t: _run_json(cmd, dict(os.environ), "e2e", " ".join([feed, *extra])))
 
     rows = interleaved([c(CEILING, "synthetic"), c("feedline", "feedline"),
@@ -112,32 +106,82 @@ def _section_e2e(args: argparse.Namespace, data: dict[str, str]) -> dict[str, An
                         c("DataLoader (pinned, non_blocking)", "dataloader")], args.e2e_rounds, args.seconds, 0.0)
     ratios = {row: ratio(rows[row], rows[CEILING]) for row in rows if row != CEILING}
     r = ratios["feedline"]
-    return {"rows": rows, "ratios": ratios, "ratio": r, "met": r[0] >= 0.95,
+    why = _e2e_why(args, data) if r[0] < 0.95 and args.deadline - time.time() > WHY_COST else None
+    return {"rows": rows, "ratios": ratios, "ratio": r, "met": r[0] >= 0.95, **({"why": why} if why else {}),
             "summary": (f"feedline {r[0]:.0%} of synthetic ({r[1]:.0%}-{r[2]:.0%}); device_decode "
                         f"{ratios['feedline, device_decode'][0]:.0%}; DataLoader "
                         f"{ratios['DataLoader (pinned, non_blocking)'][0]:.0%}")}
 
 
-def _datasets(args: argparse.Namespace) -> dict[str, str]:
-    """The raw and JPEG shards on local disk (made once; the JPEG photos come from the carried scikit-image
-    wheel, the machine reaches no registry), copied to ``/dev/shm`` for the run."""
-    from .runner import _dataset
-
-    raw = _dataset("raw", args.raw_samples, 1 << 20, args.cache_dir)
-    jpeg = _dataset("jpeg", args.jpeg_samples, 1 << 20, args.cache_dir, min_shard=256 << 10)
-    return {"raw": os.path.join(raw, "*.tar"), "jpeg": os.path.join(jpeg, "*.tar")}
-
-
-def _to_shm(data: dict[str, str], root: str) -> dict[str, str]:
-    import shutil
+def _e2e_why(args: argparse.Namespace, data: dict[str, str]) -> dict[str, Any]:
+    """A missed e2e target, taken apart once each: the step's device time against its wall time (torch's
+    profiler) fed by synthetic data and by feedline; feedline's host batches copied by the loop (no transfer
+    threads or streams); and the synthetic step with a loader running beside it (its batches unused)."""
+    from .runner import _run_json
 
     out = {}
-    for name, pattern in data.items():
-        dst = os.path.join(root, name)
-        shutil.copytree(os.path.dirname(pattern), dst, ignore=shutil.ignore_patterns("mosaic", "litdata", "tfdata",
-                                                                                        "hf"))
-        out[name] = os.path.join(dst, "*.tar")
+    for row, feed in (("synthetic (traced)", "synthetic"), ("feedline (traced)", "feedline"),
+                      ("feedline, host batches copied by the loop", "feedline-host"),
+                      ("synthetic, a loader running beside it", "synthetic-beside")):
+        cmd = _e2e_cmd(args, data, feed, args.e2e_steps, "--trace-steps", "4")
+        try:
+            out[row] = _run_json(cmd, dict(os.environ), "e2e", f"{feed} (why)")
+        except RuntimeError as exc:
+            out[row] = {"failed": str(exc)[-1000:]}
     return out
+
+
+def _e2e_cmd(args: argparse.Namespace, data: dict[str, str], feed: str, steps: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "feedline.bench.e2e", feed, "--shards", data["jpeg"], "--model", args.e2e_model,
+            "--workers", str(args.e2e_workers), "--batch-size", str(args.e2e_batch_size), "--steps", str(steps),
+            "--warmup", "5", "--image-size", "224" if args.e2e_model == "resnet50" else "32", *extra]
+
+
+def _profiles(args: argparse.Namespace, data: dict[str, str], sections: dict[str, Any], out_dir: str) -> None:
+    """Each measured section's feedline contender once more, under py-spy, the missed targets first, while the
+    check's budget lasts: where its CPU went comes back in the same run (``profiles.md``)."""
+    from . import pyspy
+    from .runner import _contender
+
+    ran = [n for n in ("raw", "decode", "e2e") if "rows" in sections.get(n, {})]
+    ran.sort(key=lambda n: sections[n].get("met") is not False)  # the missed ones first
+    seconds = 2.0 if args.rehearse else PROFILE_SECONDS
+    texts = []
+    for name in ran:
+        left = args.deadline - time.time()
+        if pyspy.binary() is None:
+            sections[name]["profile"] = {"skipped": "py-spy is not on PATH"}
+            continue
+        if left < PROFILE_COST * (0.2 if args.rehearse else 1.0):
+            sections[name]["profile"] = {"skipped": f"out of time ({left:.0f} s left)"}
+            continue
+        print(f"gpu-check: profile of {name} ({left:.0f} s left)", file=sys.stderr, flush=True)
+        got: dict[str, Any] = {}
+
+        def launch(cmd: list[str], env: dict[str, str], *_: str) -> dict[str, Any]:
+            result, raw, problem = pyspy.record(cmd, env, seconds)
+            got.update(result=result, raw=raw, problem=problem)
+            return result or {}
+
+        run_for = seconds + 3  # the timed part: py-spy starts half a second into it
+        if name == "e2e":
+            rate = sections["e2e"]["rows"]["feedline"]["samples_per_s"]
+            steps = max(10, min(2000, int(rate * run_for / args.e2e_batch_size)))
+            launch(_e2e_cmd(args, data, "feedline", steps), dict(os.environ))
+            title = f"e2e: {args.e2e_model} fed by feedline ({args.e2e_workers} workers)"
+        else:
+            extra = ("--zero-copy",) if name == "raw" else ("--zero-copy", "--device-decode")
+            _contender("feedline", "raw" if name == "raw" else "jpeg", data[name if name == "raw" else "jpeg"],
+                       _bench_args(args, args.workers), *extra, seconds=run_for, launch=launch)
+            title = f"{name}: feedline {' '.join(extra)} ({args.workers} workers)"
+        summary = pyspy.summarize(got.get("raw", ""))
+        sections[name]["profile"] = {"summary": summary, "problem": got.get("problem", ""), "seconds": seconds,
+                                     "samples_per_s": (got.get("result") or {}).get("samples_per_s")}
+        texts.append(pyspy.markdown(title, summary, seconds)
+                     + (f"\n{got['problem']}\n" if got.get("problem") else ""))
+    if texts:
+        with open(os.path.join(out_dir, "profiles.md"), "w") as f:
+            f.write("# gpu-check: where the CPU went\n\n" + "\n".join(texts))
 
 
 def machine() -> dict[str, Any]:
@@ -172,7 +216,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                "steps": _steps(args.steps), "sections": {}}
     sections = results["sections"]
     t0 = time.monotonic()
-    data = _datasets(args)
+    data = datasets(args.raw_samples, args.jpeg_samples, args.e2e_workers * args.e2e_batch_size, args.cache_dir)
     results["datasets_seconds"] = round(time.monotonic() - t0, 1)
     if (args.dry_run or not cuda) and not args.rehearse:
         for name in SECTIONS:
@@ -180,7 +224,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return results
     shm = tempfile.mkdtemp(prefix="feedline-gpu-check-", dir="/dev/shm")
     try:
-        data = _to_shm(data, shm)
+        data = to_shm(data, shm)
         for name in SECTIONS:
             left = args.deadline - time.time()
             if name == "h2d" and not cuda:
@@ -201,6 +245,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 sections[name] = {"failed": f"{type(exc).__name__}: {exc}"[-2000:]}
             if not cuda:
                 sections[name]["rehearsal"] = "on the CPU: the commands ran, nothing was measured"
+        _profiles(args, data, sections, args.out)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
     return results
@@ -214,36 +259,33 @@ def _steps(path: str | None) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def markdown(results: dict[str, Any]) -> str:
-    m = results["machine"]
-    device = m.get("gpu", "no CUDA device")
-    out = [f"# gpu-check: {device}", "",
-           f"{results['when']}; {m['cpus']} CPUs, Python {m['python']}, torch {m['torch']}"
-           + (f" (CUDA {m['cuda_version']})" if m.get("cuda_version") else "") + f", PIL {m['pil']}; "
-           f"crop decoder: {m['crop_decoder']}.", "", "| step | result |", "|---|---|"]
-    for step in results["steps"]:
-        out.append(f"| {step['step']} | {step['status']}: {step['detail']} |")
-    out += ["", "| section | target | this run | met |", "|---|---|---|---|"]
-    for name in SECTIONS:
-        s = results["sections"].get(name, {"skipped": "not run"})
-        if "skipped" in s or "failed" in s:
-            run_, met = ("skipped: " + s["skipped"]) if "skipped" in s else "FAILED: " + s["failed"][:300], "—"
-        else:
-            run_ = s["summary"] + (f" ({s['rehearsal']})" if "rehearsal" in s else "")
-            met = "—" if s.get("met") is None or "rehearsal" in s else ("yes" if s["met"] else "**no**")
-        out.append(f"| {name} | {TARGETS[name]} | {run_.replace('|', '/')} | {met} |")
-    rows = [(name, row, r) for name in SECTIONS for row, r in results["sections"].get(name, {}).get("rows", {}).items()]
-    if rows:
-        out += ["", "| section | contender | samples/s (range) | main CPU % | starvation |", "|---|---|---:|---:|---:|"]
-        for name, row, r in rows:
-            lo, hi = r.get("range", {}).get("samples_per_s", [r["samples_per_s"]] * 2)
-            out.append(f"| {name} | {row} | {r['samples_per_s']:.0f} ({lo:.0f}-{hi:.0f}) | "
-                       f"{r.get('main_cpu_pct', float('nan')):.1f} | "
-                       + (f"{r['starvation']:.1%}" if "starvation" in r else "—") + " |")
-    return "\n".join(out) + "\n"
+def record(results_path: str, notes: list[str], bench_json: str = os.path.join("docs", "benchmarks.json"),
+           bench_md: str = os.path.join("docs", "benchmarks.md")) -> str:
+    """A lent machine's results.json kept in ``docs/benchmarks.json`` under its host (the bench's CUDA host
+    label), with what the run's reader must know (``notes``), and ``docs/benchmarks.md`` rendered again."""
+    from .report import render_markdown
+
+    with open(results_path) as f:
+        results = json.load(f)
+    host = "cuda-" + results["machine"]["gpu"].replace(" ", "-")
+    with open(bench_json) as f:
+        doc = json.load(f)
+    if "machine" not in doc.get(host, {}):
+        raise SystemExit(f"{bench_json} has no bench run of {host}: run ./scripts/bench there first")
+    doc[host]["gpu_check"] = {**results, "notes": notes}
+    with open(bench_json, "w") as f:
+        json.dump(doc, f, indent=2)
+    with open(bench_md, "w") as f:
+        f.write(render_markdown(doc))
+    return host
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["record"]:  # here, after a lent machine's run: python -m feedline.bench.gpu_check record F [NOTE]
+        print(f"recorded under {record(argv[1], argv[2:])} in docs/benchmarks.json and docs/benchmarks.md")
+        return 0
     cpus = len(os.sched_getaffinity(0))
     p = argparse.ArgumentParser(prog="python -m feedline.bench.gpu_check")
     p.add_argument("--out", required=True, help="folder for results.json and results.md")
@@ -254,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=max(1, min(8, cpus // 2)))
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seconds", type=float, default=3.0)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--raw-samples", type=int, default=512)
     p.add_argument("--jpeg-samples", type=int, default=2048)

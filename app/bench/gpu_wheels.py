@@ -175,6 +175,12 @@ def install(wheels: str, site: str, path: str = LIST) -> tuple[list[str], list[s
                 if os.path.isdir(inner):
                     for entry in os.listdir(inner):
                         shutil.move(os.path.join(inner, entry), os.path.join(site, entry))
+            scripts = os.path.join(site, data, "scripts")  # a tool's program (py-spy): into site/bin, runnable
+            if os.path.isdir(scripts):
+                os.makedirs(os.path.join(site, "bin"), exist_ok=True)
+                for entry in os.listdir(scripts):
+                    shutil.move(os.path.join(scripts, entry), os.path.join(site, "bin", entry))
+                    os.chmod(os.path.join(site, "bin", entry), 0o755)
             shutil.rmtree(os.path.join(site, data))
         done.append(f"{dist}=={version}")
     return done, present

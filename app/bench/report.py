@@ -386,6 +386,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
             met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
             lines.append(f"| {t['target']} | {t['value']} | {met} |")
         lines.append("")
+        if r.get("gpu_check"):  # scripts/gpu-check's record on this host, kept beside the bench's own run
+            from .gpu_results import markdown as gpu_check_markdown
+
+            g = r["gpu_check"]
+            lines += [f"### The CUDA path's check (`scripts/gpu-check`), {g['when']}", "",
+                      *[x for note in g.get("notes", []) for x in (note, "")],
+                      gpu_check_markdown(g).split("\n", 2)[2].replace("\n# ", "\n#### ")]
     return "\n".join(lines)
 
 

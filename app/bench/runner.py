@@ -105,7 +105,7 @@ def _dataset(kind: str, count: int, sample_bytes: int, cache_dir: str, min_shard
 
 
 def _contender(name: str, workload: str, shards: str, args: argparse.Namespace, *extra: str,
-               stock_pillow: bool = False, seconds: float | None = None) -> dict[str, Any]:
+               stock_pillow: bool = False, seconds: float | None = None, launch: Any = None) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
     if stock_pillow and pil_is_simd():
@@ -117,7 +117,7 @@ def _contender(name: str, workload: str, shards: str, args: argparse.Namespace, 
            "--seconds", str(seconds if seconds is not None else args.seconds),
            "--sample-bytes", str(parse_size(args.sample_size)), *extra]
     label = " ".join([name, *extra]) + (" (stock Pillow)" if stock_pillow and pil_is_simd() else "")
-    return _run_json(cmd, env, workload, label)
+    return (launch or _run_json)(cmd, env, workload, label)  # launch: gpu-check's profile runs it under py-spy
 
 
 def _peers_python(args: argparse.Namespace) -> str | None:

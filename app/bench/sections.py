@@ -21,6 +21,8 @@ def keep_earlier_sections(earlier: dict[str, Any] | None, results: dict[str, Any
     run, each with the date it ran (``ran``), when both ran with the same settings; the targets are checked again
     over the whole."""
     same = ("workers", "batch_size", "seconds", "rounds", "quick")
+    if earlier and earlier.get("gpu_check") and not results.get("gpu_check"):
+        results["gpu_check"] = earlier["gpu_check"]  # scripts/gpu-check's record: a run of its own, kept whole
     if not earlier or any(earlier.get("settings", {}).get(k) != results["settings"][k] for k in same):
         results["ran"] = _sections(results)
         return results
