@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zipfile
 
 import torch
@@ -151,3 +152,13 @@ def test_a_lent_machines_results_are_recorded_under_its_host_and_kept_by_the_nex
     kept = json.loads(bench_json.read_text())[host]
     rerun = {**{k: v for k, v in kept.items() if k != "gpu_check"}, "settings": {**kept["settings"], "seconds": 99}}
     assert keep_earlier_sections(kept, rerun, 4)["gpu_check"]["when"] == "2030-01-01 00:00 UTC"
+
+
+def test_a_contender_that_fails_before_its_clock_is_reported_at_once_not_waited_for():
+    from feedline.bench import pyspy
+
+    started = time.monotonic()
+    result, raw, problem = pyspy.record([sys.executable, "-c", "import sys; sys.exit('no shards')"],
+                                        dict(os.environ), duration=1.0)
+    assert result is None and raw == "" and "exited 1" in problem and "no shards" in problem
+    assert time.monotonic() - started < 10

@@ -106,7 +106,12 @@ def _section_e2e(args: argparse.Namespace, data: dict[str, str]) -> dict[str, An
                         c("DataLoader (pinned, non_blocking)", "dataloader")], args.e2e_rounds, args.seconds, 0.0)
     ratios = {row: ratio(rows[row], rows[CEILING]) for row in rows if row != CEILING}
     r = ratios["feedline"]
-    why = _e2e_why(args, data) if r[0] < 0.95 and args.deadline - time.time() > WHY_COST else None
+    why = None
+    if r[0] < 0.95 and args.deadline - time.time() > WHY_COST:
+        try:
+            why = _e2e_why(args, data)
+        except Exception as exc:  # the diagnosis must not lose the section's figures
+            why = {"the diagnosis": {"failed": f"{type(exc).__name__}: {exc}"[-1000:]}}
     return {"rows": rows, "ratios": ratios, "ratio": r, "met": r[0] >= 0.95, **({"why": why} if why else {}),
             "summary": (f"feedline {r[0]:.0%} of synthetic ({r[1]:.0%}-{r[2]:.0%}); device_decode "
                         f"{ratios['feedline, device_decode'][0]:.0%}; DataLoader "
@@ -245,7 +250,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 sections[name] = {"failed": f"{type(exc).__name__}: {exc}"[-2000:]}
             if not cuda:
                 sections[name]["rehearsal"] = "on the CPU: the commands ran, nothing was measured"
-        _profiles(args, data, sections, args.out)
+        try:
+            _profiles(args, data, sections, args.out)
+        except Exception as exc:  # the profiles must not lose the sections' figures
+            results["profiles_failed"] = f"{type(exc).__name__}: {exc}"[-2000:]
     finally:
         shutil.rmtree(shm, ignore_errors=True)
     return results

@@ -50,6 +50,8 @@ def markdown(results: dict[str, Any]) -> str:
                        f"{t.get('wall_ms_per_step', float('nan')):.1f} | {t.get('device_ms_per_step', float('nan')):.1f}"
                        f" | {top or '—'} |")
     profiled = [(name, s["profile"]) for name in SECTIONS if "profile" in (s := results["sections"].get(name, {}))]
+    if results.get("profiles_failed"):
+        out += ["", f"The profiles failed: {results['profiles_failed'][:500]}"]
     if profiled:
         secs = next((p["seconds"] for _, p in profiled if "seconds" in p), PROFILE_SECONDS)
         out += ["", f"Where the CPU went (py-spy over {secs:.0f} s of each contender's timed part; "

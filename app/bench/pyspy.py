@@ -60,7 +60,10 @@ def record(cmd: list[str], env: dict[str, str], duration: float, settle: float =
     reader.start()
     problem = ""
     try:
-        if timing.wait(start_within) and proc.poll() is None:
+        deadline = time.monotonic() + start_within
+        while not timing.wait(0.2) and proc.poll() is None and time.monotonic() < deadline:
+            pass  # a contender that fails before its clock starts is not waited for
+        if timing.is_set() and proc.poll() is None:
             time.sleep(settle)
             spy = subprocess.run([exe, "record", "--pid", str(proc.pid), "--subprocesses", "--threads",
                                   "--nonblocking", "--format", "raw", "--rate", str(rate), "--duration",
@@ -69,7 +72,8 @@ def record(cmd: list[str], env: dict[str, str], duration: float, settle: float =
             if spy.returncode != 0:
                 problem = f"py-spy exited {spy.returncode}: {(spy.stderr or spy.stdout)[-500:]}"
         else:
-            problem = f"the contender did not reach its timed part within {start_within:.0f} s"
+            problem = ("the contender ended before its timed part" if proc.poll() is not None else
+                       f"the contender did not reach its timed part within {start_within:.0f} s")
         out, _ = proc.communicate(timeout=600)
         reader.join(timeout=10)
     finally:
