@@ -162,3 +162,20 @@ def test_a_contender_that_fails_before_its_clock_is_reported_at_once_not_waited_
                                         dict(os.environ), duration=1.0)
     assert result is None and raw == "" and "exited 1" in problem and "no shards" in problem
     assert time.monotonic() - started < 10
+
+
+def test_a_missed_e2e_target_is_taken_apart_in_the_results_table():
+    from feedline.bench.gpu_results import markdown
+
+    trace = {"wall_ms_per_step": 127.0, "device_ms_per_step": 61.5, "top": [["sm90_xmma_conv", 20.0, 53]]}
+    results = {"when": "2030-01-01 00:00 UTC", "steps": [],
+               "machine": {"gpu": "GPU", "cpus": 16, "python": "3.12", "torch": "2", "pil": "12", "crop_decoder": "c"},
+               "sections": {"e2e": {"summary": "feedline 51% of synthetic", "met": False, "rows": {}, "why": {
+                   "feedline (traced)": {"samples_per_s": 2012.0, "starvation": 0.007, "gpu_copy_wait": 0.02,
+                                         "trace": trace},
+                   "synthetic, a loader running beside it": {"failed": "contender synthetic-beside failed: | boom"}}}}}
+    md = markdown(results)
+    assert "| feedline (traced) | 2012 | 0.7% | 2.0% | 127.0 | 61.5 | sm90_xmma_conv 20.00 ms |" in md
+    assert "| synthetic, a loader running beside it | FAILED: contender synthetic-beside failed: / boom |" in md
+    assert "| e2e | ResNet-50 step fed by feedline within 5 % of synthetic data on the device | feedline 51% of " \
+           "synthetic | **no** |" in md

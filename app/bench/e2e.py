@@ -78,7 +78,7 @@ def _loader(args: argparse.Namespace, device: str) -> Any:
 def _feed(args: argparse.Namespace, device: torch.device) -> Iterable[dict[str, Any]]:
     if args.feed == "feedline":
         return _loader(args, str(device))
-    if args.feed == "feedline-host":  # a diagnosis: host batches, copied by the loop as DataLoader's are
+    if args.feed == "feedline-host":  # a diagnosis: host batches copied by the loop (pageable: a CPU loader's ring)
         return _loader(args, "cpu")
     if args.feed == "synthetic-beside":  # a diagnosis: the ceiling's step with a loader running in the process
         return _Beside(_Synthetic(args.batch_size, args.image_size, device), _loader(args, str(device)))
@@ -219,6 +219,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if gpu_wait0 is not None and cuda and args.feed != "synthetic-beside":
             # the GPU's own wait for the loader's copies (the host's starvation cannot see it): a share of the wall
             out["gpu_copy_wait"] = (stats.stats().h2d_wait_seconds_total - gpu_wait0) / wall
+        if isinstance(feed, _Beside):
+            out["beside_batches"] = feed.drained  # the loader beside did run
         if args.trace_steps:
             out["trace"] = _trace(step, args.trace_steps, cuda)
     finally:

@@ -121,7 +121,8 @@ def _section_e2e(args: argparse.Namespace, data: dict[str, str]) -> dict[str, An
 def _e2e_why(args: argparse.Namespace, data: dict[str, str]) -> dict[str, Any]:
     """A missed e2e target, taken apart once each: the step's device time against its wall time (torch's
     profiler) fed by synthetic data and by feedline; feedline's host batches copied by the loop (no transfer
-    threads or streams); and the synthetic step with a loader running beside it (its batches unused)."""
+    threads or streams, from pageable memory); and the synthetic step with a loader running beside it (its
+    batches unused)."""
     from .runner import _run_json
 
     out = {}

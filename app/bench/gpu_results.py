@@ -47,7 +47,8 @@ def markdown(results: dict[str, Any]) -> str:
             top = "; ".join(f"{k[:50]} {ms:.2f} ms" for k, ms, _ in t.get("top", [])[:2]).replace("|", "/")
             copy_wait = f"{r['gpu_copy_wait']:.1%}" if "gpu_copy_wait" in r else "—"
             out.append(f"| {row} | {r['samples_per_s']:.0f} | {r['starvation']:.1%} | {copy_wait} | "
-                       f"{t.get('wall_ms_per_step', float('nan')):.1f} | {t.get('device_ms_per_step', float('nan')):.1f}"
+                       f"{t.get('wall_ms_per_step', float('nan')):.1f} | "
+                       f"{t.get('device_ms_per_step', float('nan')):.1f}"
                        f" | {top or '—'} |")
     profiled = [(name, s["profile"]) for name in SECTIONS if "profile" in (s := results["sections"].get(name, {}))]
     if results.get("profiles_failed"):
