@@ -206,8 +206,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if cuda:  # the clock starts once the pipeline and the kernels are warm
             torch.cuda.synchronize()
         print(TIMING, file=sys.stderr, flush=True)  # gpu-check's py-spy profile starts here
-        stats = getattr(feed, "loader", feed)
-        gpu_wait0 = stats.stats().h2d_wait_seconds_total if hasattr(stats, "stats") else None
+        loader = feed if hasattr(feed, "stats") else None  # feedline's own feeds: the GPU's wait for its copies
+        gpu_wait0 = loader.stats().h2d_wait_seconds_total if loader is not None else 0.0
         images, waited, t0, cpu0 = 0, 0.0, time.perf_counter(), time.process_time()
         for _ in range(args.steps):
             images += step()
@@ -216,9 +216,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
         out.update(samples_per_s=images / wall, starvation=waited / wall, main_cpu_pct=100.0 * cpu / wall)
-        if gpu_wait0 is not None and cuda and args.feed != "synthetic-beside":
-            # the GPU's own wait for the loader's copies (the host's starvation cannot see it): a share of the wall
-            out["gpu_copy_wait"] = (stats.stats().h2d_wait_seconds_total - gpu_wait0) / wall
+        if loader is not None and cuda:  # a share of the wall the host's starvation cannot see
+            out["gpu_copy_wait"] = (loader.stats().h2d_wait_seconds_total - gpu_wait0) / wall
         if isinstance(feed, _Beside):
             out["beside_batches"] = feed.drained  # the loader beside did run
         if args.trace_steps:

@@ -28,7 +28,8 @@ def _jpeg_dataset(count: int, cache_dir: str) -> str:
     outdir = os.path.join(cache_dir, "bench", f"jpeg-parts-{count}")
     if not os.path.exists(os.path.join(outdir, "complete")):
         print(f"making the jpeg dataset ({count} samples) in {outdir}", file=sys.stderr, flush=True)
-        os.makedirs(outdir, exist_ok=True)
+        shutil.rmtree(outdir, ignore_errors=True)  # an earlier attempt's shards, of another part count maybe
+        os.makedirs(outdir)
         parts = max(1, min(len(os.sched_getaffinity(0)), count // 256))
         sizes = [count // parts + (i < count % parts) for i in range(parts)]
         with ProcessPoolExecutor(parts, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -49,10 +50,11 @@ def _jpeg_part(job: tuple[str, str, int, int]) -> None:
 
 def to_shm(data: dict[str, str], root: str) -> dict[str, str]:
     """The datasets copied under ``root`` in /dev/shm: the run reads memory, not the machine's disk."""
+    from .runner import _PEER_DIRS
+
     out = {}
     for name, pattern in data.items():
         dst = os.path.join(root, name)
-        shutil.copytree(os.path.dirname(pattern), dst, ignore=shutil.ignore_patterns("mosaic", "litdata", "tfdata",
-                                                                                        "hf"))
+        shutil.copytree(os.path.dirname(pattern), dst, ignore=_PEER_DIRS)
         out[name] = os.path.join(dst, "*.tar")
     return out

@@ -392,7 +392,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             g = r["gpu_check"]
             lines += [f"### The CUDA path's check (`scripts/gpu-check`), {g['when']}", "",
                       *[x for note in g.get("notes", []) for x in (note, "")],
-                      gpu_check_markdown(g).split("\n", 2)[2].replace("\n# ", "\n#### ")]
+                      gpu_check_markdown(g).split("\n", 2)[2]]
     return "\n".join(lines)
 
 

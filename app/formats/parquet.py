@@ -153,7 +153,6 @@ def dictionary_page_bytes(data: Any, offset: int | None) -> int | None:
     return fields[2]
 
 
-
 def group_bytes(meta: Any, group: int, names: Collection[str] | None, data: Any = None,
                 limit: int = 0) -> tuple[int, list[str]]:
     """What the columns ``names`` (None: all) of a row group take once read, from the footer, and the paths of
