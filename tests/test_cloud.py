@@ -115,7 +115,8 @@ def test_a_prefix_lists_every_shard_under_it_and_nothing_else(cloud, cloud_shard
     assert sorted(manifest_ids(cache)) == [f"ids-{k:04d}" for k in range(SHARDS)]
 
 
-def test_an_object_larger_than_a_part_arrives_whole_through_ranged_gets(cloud, cache, samplers, tmp_path):
+def test_an_object_larger_than_a_part_arrives_whole(cloud, cache, samplers, tmp_path):
+    """GCS: ranged GETs in parallel; Azure (a key): one GET of a signed URL."""
     from feedline.sampler.cloud import PART
 
     big = write_tar(str(tmp_path / "big-0000.tar"), [(f"k{i}", {"bin": os.urandom(PART // 4)}) for i in range(9)])
@@ -214,6 +215,28 @@ def test_no_credentials_are_refused_naming_the_variables(cloud, cloud_shards, ca
         assert "no Azure storage account" in err and "AZURE_STORAGE_ACCOUNT_NAME" in err
     else:
         assert "no Azure credentials" in err and "AZURE_STORAGE_ACCOUNT_KEY" in err
+
+
+def test_a_sas_token_lists_and_reads_a_container_every_sample_reaching_the_loader(emulators, cache, samplers,
+                                                                                  tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    from feedline.demo.cloudstores import DEV_ACCOUNT, DEV_KEY
+
+    server = _emulator(emulators, "azure")
+    id_shards(str(tmp_path / "src"), shards=2, per_shard=20, payload=2048)
+    server.upload(str(tmp_path / "src"), "sas")
+    sas = generate_container_sas(DEV_ACCOUNT, BUCKET, account_key=DEV_KEY,
+                                 permission=ContainerSasPermissions(read=True, list=True),
+                                 expiry=datetime.now(timezone.utc) + timedelta(hours=1))
+    store = types.SimpleNamespace(env=lambda **change: {  # no key anywhere: the token is all there is
+        "AZURE_STORAGE_CONNECTION_STRING": f"BlobEndpoint={server.url};SharedAccessSignature={sas}", **change})
+    s = sampler(store, cache, f"az://{BUCKET}/sas/", samplers)
+    assert wait_for(lambda: len(manifest_ids(cache)) == 2, 60), s.stop()
+    assert s.stop() is not None and s.proc.returncode == 0
+    assert all_ids(cache) == list(range(40))
 
 
 @pytest.mark.parametrize("form", ["denied/ids-{0000..0001}.tar", "denied/"])
@@ -334,6 +357,112 @@ def test_a_stop_during_a_download_that_drips_exits_within_seconds_and_leaves_no_
     assert "did not stop within" in out and os.listdir(partial) == []
 
 
+class _Azure(http.server.BaseHTTPRequestHandler):
+    """An Azure blob endpoint that tells a signed URL's GET (a ``sig`` in the query, no header) from the client's
+    (``Authorization: SharedKey``), records which asked (``state.asked``), and refuses signed URLs when
+    ``state.refuse_signed`` (a clock ahead of the store's)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        path, _, query = self.path.partition("?")
+        name = urllib.parse.unquote(path).split(f"/{BUCKET}/", 1)[-1]
+        signed = "sig" in urllib.parse.parse_qs(query)
+        state = self.server.state
+        state.asked.append(("signed" if signed else self.headers.get("Authorization", "none").split()[0], name,
+                                  urllib.parse.parse_qs(query).get("sp", [""])[0]))
+        data = state.objects.get(name)
+        if (signed and state.refuse_signed) or not (signed or "Authorization" in self.headers):
+            return self._empty(403, "AuthenticationFailed")
+        if "comp=list" in query:  # the container is there (its listing: empty)
+            body = (b'<?xml version="1.0" encoding="utf-8"?>'
+                    b'<EnumerationResults><Blobs /><NextMarker /></EnumerationResults>')
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            return self.wfile.write(body)
+        if data is None:
+            return self._empty(404, "BlobNotFound")
+        start, end = 0, len(data)
+        ranged = self.headers.get("Range") or self.headers.get("x-ms-range")
+        if ranged:
+            first, _, last = ranged.split("=", 1)[1].partition("-")
+            start, end = int(first), min(len(data), int(last) + 1)
+        self.send_response(206 if ranged else 200)
+        self.send_header("Content-Length", str(end - start))
+        if ranged:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+        self.send_header("ETag", '"v1"')
+        self.send_header("Last-Modified", "Wed, 21 Oct 2015 07:28:00 GMT")
+        self.end_headers()
+        self.wfile.write(data[start:end])
+
+    def _empty(self, status, code):
+        self.send_response(status)
+        self.send_header("x-ms-error-code", code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def azure_stub(stubs, monkeypatch):
+    """A Fetcher with an account key for the stub's endpoint (``.fetcher``), the stub's ``state``: its objects
+    (a.tar, b.tar), what was asked, whether it refuses signed URLs."""
+    from feedline.demo.cloudstores import DEV_ACCOUNT, DEV_KEY
+    from feedline.sampler.fetch import Fetcher, RateLimiter
+
+    objects = {"a.tar": os.urandom(3000), "b.tar": os.urandom(5000)}
+    state = types.SimpleNamespace(objects=objects, asked=[], refuse_signed=False)
+    url = stubs(_Azure, state=state)
+    for name in AZURE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};"
+                                                           f"AccountKey={DEV_KEY};BlobEndpoint={url}/{DEV_ACCOUNT};")
+    return types.SimpleNamespace(fetcher=Fetcher(5.0, 0, threading.Event(), RateLimiter(0), backoff=0.01),
+                                 state=state)
+
+
+def _fetch(fetcher, name, tmp_path):
+    from feedline.sampler.sources import SourceShard
+
+    dest = str(tmp_path / name)
+    fetcher.fetch(SourceShard(f"az://{BUCKET}/{name}", name[:-4]), dest, 1 << 20)
+    with open(dest, "rb") as f:
+        return f.read()
+
+
+def test_an_account_key_downloads_each_blob_through_a_read_only_signed_url(azure_stub, tmp_path):
+    state = azure_stub.state
+    assert _fetch(azure_stub.fetcher, "a.tar", tmp_path) == state.objects["a.tar"]
+    assert state.asked == [("signed", "a.tar", "r")]  # one GET, signed to read only: the client asked nothing
+
+
+def test_a_refused_signed_url_falls_back_to_the_client_and_is_not_tried_again(azure_stub, tmp_path, caplog):
+    state = azure_stub.state
+    state.refuse_signed = True
+    assert _fetch(azure_stub.fetcher, "a.tar", tmp_path) == state.objects["a.tar"]
+    assert _fetch(azure_stub.fetcher, "b.tar", tmp_path) == state.objects["b.tar"]
+    asked = [a[:2] for a in state.asked]
+    assert [a for a in asked if a[0] == "signed"] == [("signed", "a.tar")]
+    assert ("SharedKey", "a.tar") in asked and ("SharedKey", "b.tar") in asked
+    assert "refused a signed URL (HTTP 403)" in caplog.text
+
+
+def test_a_missing_blob_behind_a_signed_url_is_named_by_the_client(azure_stub, tmp_path):
+    from feedline.sampler.fetch import FetchError
+
+    with pytest.raises(FetchError) as caught:
+        _fetch(azure_stub.fetcher, "missing.tar", tmp_path)
+    assert "no such object" in str(caught.value) and not caught.value.retry
+    assert not os.path.exists(tmp_path / "missing.tar")
+    assert [a[0] for a in azure_stub.state.asked][:2] == ["signed", "SharedKey"]
+    _fetch(azure_stub.fetcher, "a.tar", tmp_path)
+    assert azure_stub.state.asked[-1][0] == "signed"  # a 404 is no reason to stop signing
+
+
 @pytest.fixture
 def stubs():
     """``start(handler, **attributes)``: a stub store on 127.0.0.1 answering with ``handler`` (the attributes set on
@@ -423,3 +552,16 @@ def test_urls_are_parsed_into_bucket_account_and_key():
     loc = parse("abfs://c@acct.dfs.core.windows.net/x/y.tar")
     assert (loc.bucket, loc.account, loc.key, loc.head) == ("c", "acct", "x/y.tar",
                                                             "abfs://c@acct.dfs.core.windows.net/")
+
+
+def test_a_sas_connection_string_without_an_account_name_takes_it_from_the_endpoint(monkeypatch):
+    from feedline.sampler.cloudenv import make_client, parse
+
+    for name in AZURE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "BlobEndpoint=https://acct.blob.core.windows.net/;"
+                                                          "SharedAccessSignature=sv=2022-11-02&sp=rl&sig=c2ln")
+    client = make_client(parse("az://data/x"), {}, {})
+    assert client.endpoint == "https://acct.blob.core.windows.net"
+    assert client.sign("train/a b.tar") == ("https://acct.blob.core.windows.net/data/train/a%20b.tar"
+                                            "?sv=2022-11-02&sp=rl&sig=c2ln")

@@ -23,12 +23,11 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from ..sampler.cloudenv import DEV_ACCOUNT, DEV_KEY
 from .procs import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AZURITE_DIR = os.path.join(ROOT, ".cache", "azurite")
-DEV_ACCOUNT = "devstoreaccount1"
-DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
 def fake_gcs_binary() -> str | None:

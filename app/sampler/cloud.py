@@ -3,139 +3,48 @@
 obstore is the Python face of the Rust ``object_store`` crate (Apache Arrow's): one client for both clouds,
 with its own retries (backoff on 429, 5xx and dropped connections) and connection pool, and every request
 made without the GIL, so ranged GETs run in parallel in plain threads. One ``CloudStore`` answers for every
-cloud scheme and keeps one obstore client per bucket or container.
-
-Everything is each cloud's standard configuration, read from the environment:
-
-GCS (``gs://bucket/key``, also ``gcs://``)
-    ``GOOGLE_APPLICATION_CREDENTIALS`` (a service account JSON file, or an ``authorized_user`` file),
-    ``gcloud auth application-default login``'s file, or the metadata server (GCE, GKE Workload Identity);
-    ``STORAGE_EMULATOR_HOST`` (``host:port`` or a URL) sends every request to an emulator, unsigned.
-Azure (``az://container/key``; ``abfs://container@account.dfs.core.windows.net/key``)
-    ``AZURE_STORAGE_CONNECTION_STRING``, or ``AZURE_STORAGE_ACCOUNT_NAME`` with ``AZURE_STORAGE_ACCOUNT_KEY``
-    or ``AZURE_STORAGE_SAS_TOKEN``, or Microsoft Entra ID (``AZURE_CLIENT_ID`` with ``AZURE_CLIENT_SECRET`` or
-    ``AZURE_FEDERATED_TOKEN_FILE``: AKS workload identity; a managed identity). ``az://`` names the container
-    only: the account comes from the environment (``az://account/container/...`` would read the same as a
-    container with a folder, so it is not a form). ``abfs://`` names the account in the URL, fsspec's form.
-    ``UseDevelopmentStorage=true`` or a connection string's ``BlobEndpoint`` reaches Azurite.
+cloud scheme and keeps one client per bucket or container, made from each cloud's standard environment
+(``cloudenv.py``).
 
 A large object is fetched with ranged GETs of ``PART`` bytes in parallel (``ranged.py``), each streamed into
 its place in the new file in chunks of ``CHUNK``: no more than a chunk per part is ever held in memory. Every
-error is a
-``StoreError`` naming the object and what to do: no credentials (and which variables), access denied, no
-such bucket / container / object, the endpoint unreachable, throttled.
+error is a ``StoreError`` naming the object and what to do: no credentials (and which variables), access
+denied, no such bucket / container / object, the endpoint unreachable, throttled.
 
-Why this file is long: two clouds' configurations (credentials, endpoints, the account of an Azure URL) and
-one error vocabulary for both share one client, one URL parser and one ranged download; split by cloud, the
+Where the credentials sign here (Azure with an account key or a SAS token), ``presigned`` gives the fetcher a
+signed URL, and its HTTP transport downloads the object instead of the client: over loopback from Azurite, in
+one process, it took 0.42-0.52 core-seconds a GB against obstore's 0.75-0.93 (``docs/sidecar.md``). A refusal
+of a signed URL sends the object back to the client, whose answer names the fix.
+
+Why one file for both clouds: one error vocabulary and one ranged download serve both; split by cloud, the
 download and the error mapping would be written twice.
 """
 
 from __future__ import annotations
 
 import errno
-import json
+import logging
 import os
 import re
-import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from ..formats.files import create_new
 from ..formats.urls import redact_text
+from .cloudenv import AZURE_VARIABLES, GCS_VARIABLES, Client, Location, make_client, parse, unset_empty_variables
 from .ranged import CHUNK, in_parallel, stream_into
 from .stores import StoreContext, StoreError, StoreObject
+
+log = logging.getLogger("feedline.sampler")
 
 PART = 16 << 20  # ranged GETs of this size, in parallel, for objects larger than it (as s3.py)
 _OURS = __name__.split(".")[0] + "."  # exceptions raised by feedline itself (a stop, a budget) pass through
 
-GCS_SCHEMES = ("gs", "gcs")
-AZURE_SCHEMES = ("az", "abfs")
-GCS_VARIABLES = "GOOGLE_APPLICATION_CREDENTIALS (a service account JSON file), `gcloud auth application-default " \
-                "login`, or Workload Identity on GKE; STORAGE_EMULATOR_HOST for an emulator"
-AZURE_VARIABLES = "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY " \
-                  "or AZURE_STORAGE_SAS_TOKEN (or AZURE_CLIENT_ID with AZURE_CLIENT_SECRET / " \
-                  "AZURE_FEDERATED_TOKEN_FILE)"
-DEV_ACCOUNT = "devstoreaccount1"  # Azurite's well-known account and key (UseDevelopmentStorage=true)
-DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-_CLOUD_VARIABLES = ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST", "AZURE_STORAGE_CONNECTION_STRING",
-                    "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN")
-
-
-@dataclass(frozen=True)
-class Location:
-    """Where a URL points: the cloud, the bucket or container (and the Azure account it names, if any), the
-    key or prefix, and how the URL spelled its scheme and bucket (listings answer in the same form)."""
-
-    cloud: str  # "gcs" or "azure"
-    bucket: str  # GCS bucket or Azure container
-    key: str
-    head: str  # "gs://bucket/" as the user wrote it: a listing's URLs are head + key
-    account: str | None = None  # abfs:// names it; az:// takes it from the environment
-
-    @property
-    def what(self) -> str:
-        return f"{'bucket' if self.cloud == 'gcs' else 'container'} {self.bucket!r}" + (
-            f" of account {self.account!r}" if self.account else "")
-
-
-def parse(url: str) -> Location:
-    """``gs://bucket/key``, ``az://container/key`` or ``abfs://container@account.dfs.core.windows.net/key``."""
-    scheme, sep, rest = url.partition("://")
-    scheme = scheme.lower()
-    if not sep or scheme not in GCS_SCHEMES + AZURE_SCHEMES:
-        raise StoreError("denied", f"{redact_text(url)} is not a gs://, az:// or abfs:// URL", retry=False)
-    netloc, _, key = rest.partition("/")
-    head = f"{url[:len(scheme) + 3]}{netloc}/"
-    if scheme in GCS_SCHEMES:
-        if not netloc:
-            raise StoreError("denied", f"{url} names no bucket (gs://bucket/key)", retry=False)
-        return Location("gcs", netloc, key, head)
-    container, at, host = netloc.partition("@")
-    account = None
-    if at:  # abfs://container@account.dfs.core.windows.net/path (fsspec / Hadoop's form)
-        account = host.split(".", 1)[0]
-        if not account:
-            raise StoreError("denied", f"{url} names no account (abfs://container@account.dfs.core.windows.net/key)",
-                             retry=False)
-    if not container:
-        raise StoreError("denied", f"{url} names no container (az://container/key, "
-                                   f"abfs://container@account.dfs.core.windows.net/key)", retry=False)
-    return Location("azure", container, key, head, account)
-
-
-def connection_string(text: str) -> dict[str, str]:
-    """An Azure storage connection string's ``Key=Value;`` pairs (keys as Azure spells them)."""
-    out = {}
-    for part in text.split(";"):
-        name, eq, value = part.strip().partition("=")
-        if eq and name:
-            out[name.strip()] = value.strip()
-    return out
-
-
-def _env(name: str) -> str:
-    """A variable's value; compose's ``${X:-}`` gives "", which means unset."""
-    return os.environ.get(name, "").strip()
-
-
-def _resolves(host: str) -> bool:
-    try:
-        socket.getaddrinfo(host, 80)
-        return True
-    except OSError:
-        return False
-
-
-def _emulator_url(host: str) -> str:
-    """``STORAGE_EMULATOR_HOST`` as a base URL: the Go and Java clients take ``host:port``, Python's a URL."""
-    return (host if "://" in host else f"http://{host}").rstrip("/")
-
 
 class CloudStore:
-    """GCS and Azure Blob Storage for a fetcher: list, size, text and download (``stores.Store``)."""
+    """GCS and Azure Blob Storage for a fetcher: list, size, text, download and presigned (``stores.Store``)."""
 
     def __init__(self, timeout: float = 30.0, retries: int = 3, threads: int = 4):
         try:
@@ -152,100 +61,20 @@ class CloudStore:
         self._retry = {"max_retries": retries, "retry_timeout": timedelta(seconds=max(60.0, 4 * timeout)),
                        "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15),
                                    "base": 2}}
-        self._stores: dict[tuple[str, str, str | None], tuple[Any, str]] = {}
+        self._clients: dict[tuple[str, str, str | None], Client] = {}
+        self._unsigned: set[tuple[str, str, str | None]] = set()  # refused a signed URL: the client reads them
         self._lock = threading.Lock()
-        for name in _CLOUD_VARIABLES:  # compose's ${X:-} gives "": unset, not a value
-            if os.environ.get(name) == "":
-                del os.environ[name]
+        unset_empty_variables()
 
     # -- clients ---------------------------------------------------------------------------------------
 
-    def _client(self, loc: Location) -> tuple[Any, str]:
-        """The obstore client for ``loc``'s bucket or container, and the endpoint it talks to (for messages)."""
-        ident = (loc.cloud, loc.bucket, loc.account)
+    def _client(self, loc: Location) -> Client:
+        """The client for ``loc``'s bucket or container, made at its first use."""
         with self._lock:
-            made = self._stores.get(ident)
+            made = self._clients.get(loc.ident)
             if made is None:
-                made = self._stores[ident] = self._gcs(loc) if loc.cloud == "gcs" else self._azure(loc)
+                made = self._clients[loc.ident] = make_client(loc, self._client_options, self._retry)
             return made
-
-    def _gcs(self, loc: Location) -> tuple[Any, str]:
-        from obstore.store import GCSStore
-
-        options = dict(self._client_options)
-        emulator = _env("STORAGE_EMULATOR_HOST")
-        if emulator:  # an emulator: its URL as the service's, no OAuth (what google-cloud-storage does with it)
-            base = _emulator_url(emulator)
-            options["allow_http"] = base.startswith("http://")
-            key = json.dumps({"gcs_base_url": base, "disable_oauth": True, "client_email": "", "private_key": "",
-                              "private_key_id": ""})
-            store = GCSStore(loc.bucket, service_account_key=key, client_options=options,
-                             retry_config=self._retry)
-            return store, base
-        path = _env("GOOGLE_APPLICATION_CREDENTIALS")
-        if path and not os.path.isfile(path):
-            raise StoreError("denied", f"{loc.head}: GOOGLE_APPLICATION_CREDENTIALS names {path}, which is no "
-                                       f"readable file", retry=False)
-        if not (path or _env("GOOGLE_SERVICE_ACCOUNT") or _env("GOOGLE_SERVICE_ACCOUNT_PATH")
-                or _env("GOOGLE_SERVICE_ACCOUNT_KEY") or os.path.isfile(self._adc_file())
-                or _env("GCE_METADATA_HOST") or _resolves("metadata.google.internal")):
-            raise StoreError("denied", f"{loc.head}: no GCS credentials: set {GCS_VARIABLES}", retry=False)
-        store = GCSStore(loc.bucket, client_options=options, retry_config=self._retry)
-        return store, "https://storage.googleapis.com"
-
-    @staticmethod
-    def _adc_file() -> str:
-        config = _env("CLOUDSDK_CONFIG") or os.path.join(os.path.expanduser("~"), ".config", "gcloud")
-        return os.path.join(config, "application_default_credentials.json")
-
-    def _azure(self, loc: Location) -> tuple[Any, str]:
-        from obstore.store import AzureStore
-
-        options = dict(self._client_options)
-        cfg: dict[str, Any] = {}
-        conn = connection_string(_env("AZURE_STORAGE_CONNECTION_STRING"))
-        if conn.get("UseDevelopmentStorage", "").lower() == "true":
-            proxy = conn.get("DevelopmentStorageProxyUri", "http://127.0.0.1")
-            conn = {"AccountName": DEV_ACCOUNT, "AccountKey": DEV_KEY,
-                    "BlobEndpoint": f"{proxy.rstrip('/')}:10000/{DEV_ACCOUNT}"}
-        account = conn.get("AccountName") or _env("AZURE_STORAGE_ACCOUNT_NAME") or None
-        # a connection string's own key or SAS wins; the variables fill in what it leaves out (an emulator's
-        # BlobEndpoint with the account's key in AZURE_STORAGE_ACCOUNT_KEY)
-        key = sas = None
-        if conn.get("AccountKey") or conn.get("SharedAccessSignature"):
-            key, sas = conn.get("AccountKey") or None, conn.get("SharedAccessSignature") or None
-        else:
-            key, sas = _env("AZURE_STORAGE_ACCOUNT_KEY") or None, _env("AZURE_STORAGE_SAS_TOKEN") or None
-        endpoint = conn.get("BlobEndpoint")
-        if loc.account and account and loc.account != account and (key or sas):
-            # a key or SAS signs for one account: never send its requests to another the URL names
-            raise StoreError("denied", f"{loc.head}: the URL names account {loc.account!r}, but the credentials "
-                                       f"set are for account {account!r}; use an az://container/... URL or set "
-                                       f"the credentials of {loc.account!r}", retry=False)
-        account = loc.account or account
-        if not account:
-            raise StoreError("denied", f"{loc.head}: no Azure storage account: az:// URLs take it from "
-                                       f"AZURE_STORAGE_ACCOUNT_NAME or AZURE_STORAGE_CONNECTION_STRING (or name it: "
-                                       f"abfs://{loc.bucket}@ACCOUNT.dfs.core.windows.net/...); credentials: "
-                                       f"{AZURE_VARIABLES}", retry=False)
-        token = (_env("AZURE_CLIENT_ID") or _env("AZURE_FEDERATED_TOKEN_FILE") or _env("IDENTITY_ENDPOINT")
-                 or _env("MSI_ENDPOINT") or _env("AZURE_MSI_ENDPOINT"))
-        if not (key or sas or token):
-            raise StoreError("denied", f"{loc.head}: no Azure credentials for account {account!r}: set "
-                                       f"{AZURE_VARIABLES}", retry=False)
-        cfg["account_name"] = account
-        if key:
-            cfg["account_key"] = key
-        elif sas:
-            cfg["sas_key"] = sas.lstrip("?")
-        if not endpoint and conn:
-            suffix = conn.get("EndpointSuffix", "core.windows.net")
-            endpoint = f"{conn.get('DefaultEndpointsProtocol', 'https')}://{account}.blob.{suffix}"
-        if endpoint:
-            cfg["endpoint"] = endpoint.rstrip("/")
-            options["allow_http"] = endpoint.startswith("http://")
-        store = AzureStore(loc.bucket, client_options=options, retry_config=self._retry, **cfg)
-        return store, cfg.get("endpoint", f"https://{account}.blob.core.windows.net")
 
     # -- errors -----------------------------------------------------------------------------------
 
@@ -311,7 +140,8 @@ class CloudStore:
 
     def _call(self, url: str, what: str, fn: Callable[[Any, Location], Any]) -> Any:
         loc = parse(url)
-        store, endpoint = self._client(loc)
+        client = self._client(loc)
+        store, endpoint = client.store, client.endpoint
         try:
             return fn(store, loc)
         except Exception as exc:
@@ -342,9 +172,9 @@ class CloudStore:
         objects = self._call(url, f"listing {url}", run)
         if not objects:  # an empty listing of a missing bucket is a 404 on GCS, but say so either way
             loc = parse(url)
-            store, endpoint = self._client(loc)
-            if self._bucket_missing(store, loc):
-                raise self._no_bucket(loc, endpoint)
+            client = self._client(loc)
+            if self._bucket_missing(client.store, loc):
+                raise self._no_bucket(loc, client.endpoint)
         return objects
 
     def size(self, url: str) -> int:
@@ -369,6 +199,30 @@ class CloudStore:
             return data.decode()
 
         return self._call(url, url, run)
+
+    def presigned(self, url: str) -> str | None:
+        """A signed URL the fetcher's HTTP transport may GET ``url``'s object at, or None: the client downloads it
+        (GCS; Azure with an Entra ID token; a container that refused a signed URL)."""
+        loc = parse(url)
+        client = self._client(loc)
+        with self._lock:
+            if client.sign is None or loc.ident in self._unsigned:
+                return None
+        return client.sign(_key(loc, url))
+
+    def refused(self, url: str, status: int) -> None:
+        """The store answered ``status`` to ``url``'s signed URL: after a 401 or 403 (a clock ahead of the
+        store's, where an account key signs; a SAS without read permission) its container's objects come
+        through the client from now on."""
+        if status not in (401, 403):
+            return
+        loc = parse(url)
+        with self._lock:
+            if loc.ident in self._unsigned:
+                return
+            self._unsigned.add(loc.ident)
+        log.warning("%s: the store refused a signed URL (HTTP %d); its objects come through the client from now on",
+                    loc.head, status)
 
     def download(self, url: str, dest: str, progress: Callable[[int], None]) -> int:
         """Fetch an object into the new file ``dest``; ``progress(bytes)`` is called per chunk, from several

@@ -185,7 +185,8 @@ class Fetcher:
         if scheme_of(shard.url):
             store = self.store(shard.url)
             if not resolves(store):
-                return self._store_get(store, shard, dest, max_bytes)
+                n = self._signed_get(store, shard, dest, max_bytes)
+                return self._store_get(store, shard, dest, max_bytes) if n is None else n
             try:
                 url, credential = store.resolve(shard.url)
             except StoreError as exc:
@@ -205,6 +206,29 @@ class Fetcher:
             return exc
         error = store.status_error(url, exc.status)
         return FetchError(error.reason, str(error), error.retry, exc.retry_after, exc.status)
+
+    def _signed_get(self, store: Any, shard: SourceShard, dest: str, max_bytes: int) -> int | None:
+        """The object through the HTTP transport at a URL its store signed, where it signs one (Azure with a key
+        or a SAS: half the client's CPU a byte, ``cloud.py``); None to fetch it through the store's client: where
+        it signs none, or where the store refused the signed URL (the client then asks, and its answer names the
+        fix in the store's terms). Throttling, 5xx and broken connections are retried as any shard's."""
+        presigned = getattr(store, "presigned", None)
+        try:
+            url = presigned(shard.url) if presigned is not None else None
+        except StoreError as exc:
+            raise FetchError(exc.reason, str(exc), exc.retry) from None
+        if url is None:
+            return None
+        try:
+            return self.http.get(replace(shard, url=url), dest, max_bytes)
+        except FetchError as exc:
+            if exc.status is None or exc.status == 429 or exc.status >= 500:
+                raise
+            status = exc.status
+        _unlink(dest)
+        log.debug("%s: the signed URL was answered %d; through the client", shard.shown, status)
+        store.refused(shard.url, status)
+        return None
 
     def _store_get(self, store: Any, shard: SourceShard, dest: str, max_bytes: int) -> int:
         """A shard from an object store's client (S3, GCS, Azure): its size checked against the budget before,

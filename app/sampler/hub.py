@@ -284,7 +284,6 @@ class HubStore:
     def text(self, url: str, max_bytes: int) -> str:
         """A small file (an index) whole, through the Hub's redirect; StoreError ``too_large`` past ``max_bytes``."""
         https_url, credential = self.resolve(url)
-        p = self._path(url)
         try:
             status, reason, _, body = self.context.http.request("GET", https_url, max_body=max_bytes,
                                                                 credential=credential)

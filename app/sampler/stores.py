@@ -67,6 +67,14 @@ class Store(Protocol):
         """The object into a new file ``dest`` (``formats.files.create_new``); ``progress(bytes)`` may raise to
         stop. Returns the bytes written."""
 
+    # optional (``cloud.CloudStore`` has them): a URL the fetcher's HTTP transport downloads instead of the client
+
+    def presigned(self, url: str) -> str | None:
+        """A signed URL of the object, or None: ``download`` fetches it."""
+
+    def refused(self, url: str, status: int) -> None:
+        """The store answered HTTP ``status`` to the signed URL (the object then comes through ``download``)."""
+
 
 class ResolvingStore(Protocol):
     """A store read over HTTP (``hub.HubStore``): each object URL resolves to an HTTP URL and the credential to
