@@ -1,5 +1,13 @@
-"""Fixtures every test file shares: the leak check, a remote store of id shards, a cache, sampler processes."""
+"""Fixtures every test file shares: the leak check, a remote store of id shards, a cache, sampler processes.
 
+``scripts/test`` runs the suite in two parts: most of it in two pytest-xdist workers (``-n 2``), then in one
+process the soak with the heavy tests marked ``beside_soak`` beside it, and after it the tests marked ``serial``
+or ``idle_cpus``. In a worker, another worker's test may hold
+entries in /dev/shm while this one ends, so the leak check there notes what a test's end found new, and the
+xdist controller fails the run, naming the tests, for every such entry still there once all workers are done.
+"""
+
+import json
 import os
 import shutil
 import signal
@@ -23,6 +31,12 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device; skipped without one, run by scripts/gpu-check")
     config.addinivalue_line("markers", "idle_cpus: its verdict needs idle CPUs (it grows workers into them, or "
                                        "bounds a rate): runs after the background soak has ended")
+    config.addinivalue_line("markers", "serial: checks /dev/shm as a whole, so no other test may run beside it: "
+                                       "scripts/test runs it after the parallel part, in one process")
+    config.addinivalue_line("markers", "soak: the 3-minute soak's test (background_soak.py): scripts/test runs it "
+                                       "in its one-process part")
+    config.addinivalue_line("markers", "beside_soak: heavy tests scripts/test runs in its one-process part, where "
+                                       "they fill the soak's three minutes")
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected: only the tests that will run count
@@ -30,9 +44,9 @@ def pytest_collection_modifyitems(session, config, items):
     """Tests marked ``cuda`` skip where there is no CUDA device (scripts/gpu-check runs them on a lent GPU).
 
     The 3-minute soak run starts now, when its test is among those to run: it runs beside the others
-    (``background_soak.py``), and its test checks it. It takes a share of the CPUs while it runs, so the tests
-    marked ``idle_cpus`` run last, after the soak's test has waited for its end: no other work of the suite's
-    own is running beside them then."""
+    (``background_soak.py``), and its test checks it. It takes a share of the CPUs while it runs, and its
+    processes make and free shared memory, so the tests marked ``idle_cpus`` or ``serial`` run last, after the
+    soak's test has waited for its end: no other work of the suite's own is running beside them then."""
     import torch
 
     if not torch.cuda.is_available():
@@ -43,17 +57,59 @@ def pytest_collection_modifyitems(session, config, items):
     if any(item.name == background_soak.TEST for item in items):
         SOAK.start(ROOT)
         KEPT_FOR_THE_MODULE.add(SOAK.proc.pid)
-        late = [item for item in items if item.get_closest_marker("idle_cpus")]
-        items[:] = [item for item in items if not item.get_closest_marker("idle_cpus")] + late
+
+        def late(item):  # after the soak's test has waited for its end: nothing of the soak's beside them
+            return item.get_closest_marker("idle_cpus") or item.get_closest_marker("serial")
+
+        items[:] = [item for item in items if not late(item)] + [item for item in items if late(item)]
 
 
 def pytest_sessionfinish(session, exitstatus):
     SOAK.stop()
+    if _notes:  # the xdist controller
+        still = _left_by_workers(_notes[0])
+        if still:
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            reporter.ensure_newline()
+            reporter.write_sep("=", "a test left entries in /dev/shm (the run fails)", red=True)
+            for entry, tests in sorted(still.items()):
+                reporter.write_line(f"{entry}: new at the end of {', '.join(sorted(tests))}")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+SHM_NOTES = "shm_notes"  # a worker's input: the folder where xdist workers note what their tests' ends found new
+_notes: list[str] = []  # the xdist controller's: that folder
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):  # the xdist controller, for each worker: a folder for the workers' notes
+    import tempfile
+
+    if not _notes:
+        _notes.append(tempfile.mkdtemp(prefix="feedline-test-shm-notes-"))
+    node.workerinput[SHM_NOTES] = _notes[0]
+
+
+def _left_by_workers(folder: str) -> dict[str, set[str]]:
+    """Every entry a worker's test end found new that is still in /dev/shm, with those tests; the notes go."""
+    deadline = time.monotonic() + 10  # an entry a worker's last test was removing as it ended
+    while True:
+        noted: dict[str, set[str]] = {}
+        for name in os.listdir(folder):
+            with open(os.path.join(folder, name)) as f:
+                for line in f:
+                    test, entry = json.loads(line)
+                    noted.setdefault(entry, set()).add(test)
+        still = {entry: tests for entry, tests in noted.items() if entry in shm_entries()}
+        if not still or time.monotonic() > deadline:
+            shutil.rmtree(folder, ignore_errors=True)
+            return still
+        time.sleep(0.5)
 
 
 @pytest.fixture(autouse=True)
-def nothing_left_behind():
-    """Every test must leave no process and nothing in /dev/shm."""
+def nothing_left_behind(request):
+    """Every test must leave no process and nothing in /dev/shm (in an xdist worker: noted, checked at the end)."""
     before = shm_entries()
     yield
 
@@ -67,7 +123,13 @@ def nothing_left_behind():
     for pid in left:  # so that one leak does not fail every later test too
         os.kill(pid, signal.SIGKILL)
     assert left == [], "a test left child processes running"
-    assert shm_entries() - before == set(), "a test left entries in /dev/shm"
+    new = shm_entries() - before
+    notes = getattr(request.config, "workerinput", {}).get(SHM_NOTES)
+    if notes is None:
+        assert new == set(), "a test left entries in /dev/shm"
+    elif new:  # perhaps another worker's test's: the controller checks them when every worker is done
+        with open(os.path.join(notes, request.config.workerinput["workerid"]), "a") as f:
+            f.writelines(json.dumps([request.node.nodeid, entry]) + "\n" for entry in sorted(new))
 
 
 @pytest.fixture

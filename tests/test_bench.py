@@ -5,7 +5,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from feedline.bench.report import SHARD_ORDER, STREAM_ORDER
+
+# heavy: scripts/test runs these beside the soak (tests/conftest.py); under pytest-xdist, in one worker: they make
+# the benchmark's datasets in .cache/bench, once each, and would otherwise make the same one at once
+pytestmark = [pytest.mark.beside_soak, pytest.mark.xdist_group("bench-cache")]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

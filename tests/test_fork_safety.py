@@ -89,6 +89,7 @@ def blocking_start(release: threading.Event):
     return start
 
 
+@pytest.mark.serial
 def test_a_worker_start_that_blocks_ends_in_a_loader_error_within_the_bound(tmp_path, monkeypatch, caplog):
     shards = id_shards(str(tmp_path / "ids"), shards=2, per_shard=8)
     before = shm_entries()
@@ -127,6 +128,7 @@ class SlowToLoad:
         return sample
 
 
+@pytest.mark.serial
 def test_a_worker_that_never_finishes_starting_ends_in_a_loader_error_with_its_stack(tmp_path, caplog):
     shards = id_shards(str(tmp_path / "ids"), shards=2, per_shard=8)
     before = shm_entries()

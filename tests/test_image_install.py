@@ -16,6 +16,8 @@ import pytest
 
 from helpers import ROOT
 
+pytestmark = pytest.mark.beside_soak  # heavy: scripts/test runs these beside the soak (tests/conftest.py)
+
 INSTALL = os.path.join(ROOT, "deploy", "image", "install-feedline")
 
 

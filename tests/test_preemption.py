@@ -83,6 +83,7 @@ def in_session(sid):
     return out
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("moment, says", [
     ("settings", "stopped during start-up"),
     ("loader", "stopped during start-up"),

@@ -56,6 +56,7 @@ def _start_trainer(tmp_path):
     return proc, workers
 
 
+@pytest.mark.serial
 def test_ctrl_c_in_the_training_loop_stops_every_process_and_frees_shared_memory(tmp_path):
     before = shm_entries()
     proc, workers = _start_trainer(tmp_path)

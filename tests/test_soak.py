@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from background_soak import CACHE_PREFIX, SOAK
 
 from feedline.soak.analysis import Targets, judge
@@ -136,6 +137,7 @@ def test_a_cache_over_its_budget_and_the_downloads_in_flight_fails_the_run(tmp_p
     assert any(f.startswith("/dev/shm: the cache's shards took") for f in v.failures), v.failures
 
 
+@pytest.mark.soak
 def test_three_minutes_under_every_fault_meet_the_targets_and_leave_nothing():
     code = SOAK.wait()  # started beside the suite as it began (background_soak.py), with background_soak.ARGS
     assert code == 0, SOAK.output()[-6000:]

@@ -12,6 +12,8 @@ import pytest
 import torch
 from helpers import ROOT, id_shards
 
+pytestmark = pytest.mark.beside_soak  # heavy: scripts/test runs these beside the soak (tests/conftest.py)
+
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
 # A LightningModule whose train_dataloader() is a StagingLoader; every rank writes what each step trained.
