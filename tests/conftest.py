@@ -2,9 +2,9 @@
 
 ``scripts/test`` runs the suite in two parts: most of it in two pytest-xdist workers (``-n 2``), then in one
 process the soak with the heavy tests marked ``beside_soak`` beside it, and after it the tests marked ``serial``
-or ``idle_cpus``. In a worker, another worker's test may hold
-entries in /dev/shm while this one ends, so the leak check there notes what a test's end found new, and the
-xdist controller fails the run, naming the tests, for every such entry still there once all workers are done.
+or ``idle_cpus``. In a worker, another worker's test may hold entries in /dev/shm while this one ends, so the
+leak check there notes what a test's end found new, and the xdist controller fails the run, naming the tests,
+for every such entry still there once all workers are done.
 """
 
 import json
