@@ -28,6 +28,7 @@ import os
 import re
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -62,7 +63,6 @@ class CloudStore:
                        "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15),
                                    "base": 2}}
         self._clients: dict[tuple[str, str, str | None], Client] = {}
-        self._unsigned: set[tuple[str, str, str | None]] = set()  # refused a signed URL: the client reads them
         self._lock = threading.Lock()
         unset_empty_variables()
 
@@ -204,11 +204,8 @@ class CloudStore:
         """A signed URL the fetcher's HTTP transport may GET ``url``'s object at, or None: the client downloads it
         (GCS; Azure with an Entra ID token; a container that refused a signed URL)."""
         loc = parse(url)
-        client = self._client(loc)
-        with self._lock:
-            if client.sign is None or loc.ident in self._unsigned:
-                return None
-        return client.sign(_key(loc, url))
+        sign = self._client(loc).sign
+        return None if sign is None else sign(_key(loc, url))
 
     def refused(self, url: str, status: int) -> None:
         """The store answered ``status`` to ``url``'s signed URL: after a 401 or 403 (a clock ahead of the
@@ -217,10 +214,11 @@ class CloudStore:
         if status not in (401, 403):
             return
         loc = parse(url)
-        with self._lock:
-            if loc.ident in self._unsigned:
+        with self._lock:  # the container's client signs no more
+            client = self._clients.get(loc.ident)
+            if client is None or client.sign is None:
                 return
-            self._unsigned.add(loc.ident)
+            self._clients[loc.ident] = replace(client, sign=None)
         log.warning("%s: the store refused a signed URL (HTTP %d); its objects come through the client from now on",
                     loc.head, status)
 
