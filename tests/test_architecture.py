@@ -33,7 +33,7 @@ FACE_BELOW = {"api": {"appliance", "trainer", "demo", "bench", "report", "soak"}
 # Inside the loader, the stages in the order of the data flow (docs/architecture.md, "The loader's folders").
 # A stage imports only the stages before it; everyone may import the loader's base modules; the loader's face
 # (StagingLoader and what it wires) imports anything of the loader.
-LOADER_BASE = {"errors", "stats", "watchdog"}  # import nothing else of the loader
+LOADER_BASE = {"errors", "stats", "watchdog", "cost"}  # import nothing else of the loader
 LOADER_STAGES = {
     "layout": set(),
     "plan": set(),

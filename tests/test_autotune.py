@@ -45,9 +45,11 @@ def test_max_workers_caps_what_auto_grows_to(monkeypatch):
     assert (pick.workers, pick.most) == (2, 4) and "max_workers=4" in pick.reason
 
 
-def test_auto_transfer_threads_are_two_with_cuda_and_one_on_a_cpu_host():
-    assert autotune.choose("cuda").transfer_threads == 2
-    assert autotune.choose("cpu").transfer_threads == 1
+def test_auto_starts_no_transfer_thread_but_one_for_device_decode_on_cuda():
+    assert autotune.choose("cuda").transfer_threads == 0  # next() copies each batch itself
+    assert autotune.choose("cpu").transfer_threads == 0
+    pick = autotune.choose("cuda", device_decode=True)
+    assert pick.transfer_threads == 1 and "decode" in pick.reason
 
 
 def test_a_loader_with_auto_workers_starts_with_a_number_and_says_why(shards, caplog):

@@ -95,7 +95,7 @@ def test_the_same_seed_gives_the_same_random_crops_and_another_seed_others(tmp_p
 
 def test_a_center_crop_keeps_the_middle_of_a_wide_image():
     s = DeviceDecode(size=32, crop="center")
-    assert crop_box(50, 100, s, None) == (0, 25, 50, 75)  # height 50, width 100: the middle square
+    assert crop_box(50, 100, s) == (0, 25, 50, 75)  # height 50, width 100: the middle square
     img = np.zeros((20, 60, 3), np.uint8)
     img[:, :20] = (255, 0, 0)  # left third red, middle green, right third blue
     img[:, 20:40] = (0, 255, 0)
@@ -105,7 +105,7 @@ def test_a_center_crop_keeps_the_middle_of_a_wide_image():
     data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
     decoder = DeviceDecoder(s, torch.device("cpu"), seed=0)
     out, _ = decoder.apply({"jpg": data[None], "jpg_len": torch.tensor([len(data)], dtype=torch.int32)},
-                           {"__key__": ["wide"]}, (0, 0))
+                           {"__key__": ["wide"]})
     assert out["jpg"].shape == (1, 32, 32, 3)
     assert out["jpg"][0, 16, 16].tolist() == [0, 255, 0]
 

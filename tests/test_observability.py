@@ -34,7 +34,7 @@ from feedline.metrics.sink import PrometheusSink
 from feedline.report.prometheus import PrometheusAPI
 
 PROM = os.path.join(ROOT, "deploy", "prometheus")
-ALLOWED_LABELS = {"queue", "state", "stage", "reason", "kind", "version", "rank", "le"}
+ALLOWED_LABELS = {"queue", "state", "stage", "reason", "kind", "version", "rank", "le", "thread"}
 
 
 def promtool(*args, stdin=None):

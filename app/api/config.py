@@ -21,55 +21,18 @@ from .mixing import MixError, check_parts, parse_mix
 from ..sampler.http import MAX_INDEX_BYTES
 from .owned_sidecar import remote_source
 from ..sampler.settings import DEFAULT_CACHE, SidecarSettings
+from .values import parse_auto_int, parse_bool, parse_size
+
+__all__ = ["Config", "ConfigError", "parse_auto_int", "parse_bool", "parse_size"]
 
 ENV_PREFIX = "FEEDLINE_"
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
-
 
 class ConfigError(ValueError):
     """A flag or variable with a value that cannot work; the message says which, from where, and what would."""
 
 
-def parse_size(text: str | int) -> int:
-    """Bytes from ``1048576``, ``512MiB``, ``8GiB``, ``1.5GB``."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"{text!r} is not a size (use bytes or a unit: 512MiB, 8GiB, 1.5GB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def parse_bool(text: str | bool) -> bool:
-    if isinstance(text, bool):
-        return text
-    t = str(text).strip().lower()
-    if t in ("1", "true", "yes", "on"):
-        return True
-    if t in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{text!r} is not a boolean (use true/false, 1/0, yes/no)")
-
-
 # Which subcommands show a setting: each setting belongs to one or more groups (see COMMANDS).
 GROUPS = ("data", "loader", "sampler", "job", "serve", "run", "process")
-
-
-def parse_auto_int(text: str | int, minimum: int, maximum: int) -> int | str:
-    """``auto``, or an integer within the bounds."""
-    if str(text).strip().lower() == "auto":
-        return "auto"
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError("must be auto or an integer") from None
-    if value < minimum:
-        raise ValueError(f"below the minimum {minimum} (or auto)")
-    if value > maximum:
-        raise ValueError(f"above the maximum {maximum} (or auto)")
-    return value
 
 
 def setting(default: Any, help: str, groups: str, *, parse: Callable[[Any], Any] | None = None,
@@ -98,9 +61,13 @@ class Config:
                                          "idle", "loader", parse=lambda v: parse_auto_int(v, 1, 512))
     max_workers: int = setting(0, "with workers=auto, the most it grows to (0: this rank's CPUs less one)",
                                "loader", minimum=0, maximum=512)
-    transfer_threads: int | str = setting("auto", "transfer threads in the trainer process, or auto: 2 with "
-                                                  "CUDA, else 1", "loader", parse=lambda v: parse_auto_int(v, 1, 64))
-    ring_slots: int = setting(0, "batches in the shared-memory ring (0: 2*workers + transfer_threads + 2)",
+    transfer_threads: int | str = setting("auto", "transfer threads in the trainer process (0: next() issues "
+                                                  "each batch's copy itself), or auto: 0, or 1 with device_decode "
+                                                  "on CUDA", "loader", parse=lambda v: parse_auto_int(v, 0, 64))
+    h2d: str = setting("slot", "how a batch goes to the GPU: slot (one copy a batch into a device buffer made "
+                               "for its ring slot) or fields (a copy a field into new allocations, the path before "
+                               "it: needs transfer_threads >= 1)", "loader", choices=("slot", "fields"))
+    ring_slots: int = setting(0, "batches in the shared-memory ring (0: 2*workers + max(1, transfer_threads) + 2)",
                               "loader", minimum=0)
     shuffle: str = setting("epoch", "epoch: the whole epoch mixed, by blocks of shuffle_block shards; stream: "
                                     "shards in order through shuffle_buffer (webdataset's scheme); none",
@@ -358,7 +325,8 @@ class Config:
     def loader_settings(self) -> LoaderSettings:
         return LoaderSettings(
             batch_size=self.batch_size, workers=self.workers, max_workers=self.max_workers or None,
-            transfer_threads=self.transfer_threads, ring_slots=self.ring_slots or None, shuffle_buffer=self.shuffle_buffer, seed=self.seed,
+            transfer_threads=self.transfer_threads, h2d=self.h2d, ring_slots=self.ring_slots or None,
+            shuffle_buffer=self.shuffle_buffer, seed=self.seed,
             shuffle=SHUFFLES[self.shuffle], shuffle_block=self.shuffle_block,
             drop_last=self.drop_last, in_order=self.in_order, zero_copy=self.zero_copy,
             device=self.resolved_device(), max_sample_errors=self.max_sample_errors,

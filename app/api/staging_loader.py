@@ -75,6 +75,8 @@ class StagingLoader(loader.StagingLoader):
             exporter.close()
             raise
         self.metrics = exporter
+        exporter.server.before_scrape = self.flush_stats  # a scrape sees every batch handed out so far
+        self.count_thread(exporter.thread)
         self._close_metrics = weakref.finalize(self, exporter.close)
 
     @classmethod

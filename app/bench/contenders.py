@@ -2,9 +2,12 @@
 
 Each contender reads the same shards, delivers batches to a loop that does
 nothing else (an infinitely fast GPU step), and prints one JSON line:
-samples/s, MB/s of batch payload, and the main process's CPU use. Running
-each in a fresh process lets the DataLoader baseline use stock Pillow
-(``PYTHONPATH`` points at it) and keeps the CPU accounting clean.
+samples/s, MB/s of batch payload, the main process's CPU use, and the
+training process's CPU a batch that is the loader's: the loop's thread
+inside ``next()`` plus every other thread of the process (the budget of
+DESIGN.md, "The training process's share"). Running each in a fresh process
+lets the DataLoader baseline use stock Pillow (``PYTHONPATH`` points at it)
+and keeps the CPU accounting clean.
 """
 
 from __future__ import annotations
@@ -44,8 +47,13 @@ class TarShards(torch.utils.data.IterableDataset):
                 yield self.convert(s)
 
 
+def _kind(workload: str) -> str:
+    """The per-sample work of a workload: "small" (3x64x64 samples) is raw bytes, as "raw" (1 MiB) is."""
+    return "raw" if workload == "small" else workload
+
+
 def _dataloader(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
-    ds = TarShards(shards, Convert(args.workload, args.image_size))
+    ds = TarShards(shards, Convert(_kind(args.workload), args.image_size))
     return torch.utils.data.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers,
                                        collate_fn=collate_mixed if args.workload == "captioned" else None,
                                        pin_memory=torch.cuda.is_available(), persistent_workers=True,
@@ -61,7 +69,7 @@ def _webdataset(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[st
                         empty_check=False)
     if shuffled:
         ds = ds.shuffle(1000)
-    if args.workload != "raw":
+    if _kind(args.workload) != "raw":
         ds = ds.decode("pil")
     ds = ds.map(convert).batched(args.batch_size, partial=True)
 
@@ -72,9 +80,9 @@ def _webdataset(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[st
 def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
     from ..api.staging_loader import StagingLoader
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     decode: dict[str, Any] = {}
-    if args.workload == "raw":
+    if _kind(args.workload) == "raw":
         spec: dict[str, Any] | None = {"bin": ("uint8", (args.sample_bytes,)), "cls": "int64"}
         transform = None
     elif args.workload == "jpeg" and args.device_decode:  # compressed bytes in the ring, decoded on the device
@@ -93,8 +101,9 @@ def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str,
         halves = [sorted(shards)[0::2], sorted(shards)[1::2]]
         sizes = [sum(os.path.getsize(p) for p in h) for h in halves]
         source = {"sources": [Source(f"half{k}", shards=h, weight=n) for k, (h, n) in enumerate(zip(halves, sizes))]}
-    return StagingLoader(**source, batch_size=args.batch_size, workers=args.workers,
-                         transfer_threads=args.transfer_threads, spec=spec, transform=transform, device=device,
+    threads = {} if args.transfer_threads is None else {"transfer_threads": args.transfer_threads}
+    return StagingLoader(**source, batch_size=args.batch_size, workers=args.workers, h2d=args.h2d,
+                         **threads, spec=spec, transform=transform, device=device,
                          zero_copy=args.zero_copy, **decode,
                          shuffle=SHUFFLES.get(getattr(args, "shuffle", "default"), True))  # default: the epoch
 
@@ -127,15 +136,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     make = makers[args.loader] if args.loader in makers else _peer(args.loader)
     loader = make(args, shards)
     cuda = torch.device("cuda") if torch.cuda.is_available() else None
-    samples = nbytes = batches = 0
+    samples = nbytes = batches = batches_start = 0
     t_start = cpu_start = None
     deadline = None
     epochs = 0
     first: dict[str, Any] = {"labels": [], "shapes": set()}  # --report-epoch: what the first epoch delivered
     order: list[list[int]] = []  # --report-order: the first epoch's labels, batch by batch, as delivered
+    feed_ns = 0  # the loop thread's CPU getting batches: next(), and the copy to the GPU a baseline makes itself
+    thread_start: float | None = None
     try:
         while True:
-            for batch in loader:
+            it = iter(loader)
+            while True:
+                c0 = time.thread_time_ns()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                c1 = time.thread_time_ns()
                 n, b, tensors = _batch_payload(batch)
                 if args.report_order:
                     order.append([int(x) for x in batch["cls"].tolist()] if isinstance(batch, dict)
@@ -144,13 +162,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     first["labels"] += batch["cls"].tolist()
                     first["shapes"] |= {(*v.shape[1:], str(v.dtype)) for k, v in batch.items()
                                         if k != "cls" and isinstance(v, torch.Tensor)}
+                c2 = time.thread_time_ns()
                 if cuda is not None and tensors[0].device.type != "cuda":
                     tensors = [t.to(cuda, non_blocking=True) for t in tensors]
+                if t_start is not None:
+                    feed_ns += (c1 - c0) + (time.thread_time_ns() - c2)
                 batches += 1
                 if batches == args.warmup_batches:  # start the clock once the pipeline is warm
                     if cuda is not None:
                         torch.cuda.synchronize()
-                    t_start, cpu_start = time.perf_counter(), time.process_time()
+                    t_start, cpu_start, thread_start = time.perf_counter(), time.process_time(), time.thread_time()
+                    batches_start = batches
                     deadline = t_start + args.seconds
                     print(TIMING, file=sys.stderr, flush=True)  # gpu-check's py-spy profile starts here
                 elif t_start is not None:
@@ -163,6 +185,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise StopIteration
     except StopIteration:
         pass
+    others = (time.process_time() - cpu_start) - (time.thread_time() - thread_start) if thread_start else 0.0
+    timed = batches - batches_start if t_start is not None else 0
     if cuda is not None:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t_start if t_start else float("nan")
@@ -185,6 +209,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         extra["first_epoch"] = {"complete": epochs > 0, "labels": sorted(first["labels"]),
                                 "shapes": sorted(first["shapes"])}
     extra["versions"] = {"numpy": np.__version__, "torch": torch.__version__}
+    if timed:  # the training process's CPU a batch, the loader's: next() (and a baseline's own copy) + other threads
+        extra["trainer_ms_per_batch"] = (feed_ns / 1e6 + others * 1e3) / timed
+        extra["trainer_next_ms"] = feed_ns / 1e6 / timed
+        extra["trainer_threads_ms"] = others * 1e3 / timed
     if args.loader in peers.PEERS:
         extra["versions"][args.loader] = peers.version(args.loader)
     return {"loader": args.loader, "workload": args.workload, "samples": samples, "seconds": wall,
@@ -262,10 +290,13 @@ def single_core_rate(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("loader", choices=("feedline", "dataloader", "webdataset", *peers.PEERS, "single-core"))
-    p.add_argument("--workload", choices=("raw", "jpeg", "captioned"), required=True)
+    p.add_argument("--workload", choices=("raw", "small", "jpeg", "captioned"), required=True)
     p.add_argument("--shards", required=True, help="a glob of shards (tar, TFRecord or Parquet files; a peer: its format's directory)")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--transfer-threads", type=int, default=1)
+    p.add_argument("--transfer-threads", type=int, default=None, help="feedline: (default: the loader's)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda", "standin"), default="auto",
+                   help="feedline: auto is cuda where there is one; standin runs the device path on the CPU")
+    p.add_argument("--h2d", choices=("slot", "fields"), default="slot", help="feedline: how batches go to the device")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--sample-bytes", type=int, default=1 << 20)

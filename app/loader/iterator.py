@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from .device.transfer import DeviceBatch, DeviceQueue, DirectHandOff
+from .cost import TrainerCost
+from .device.handoff import DeviceBatch
 from .errors import LoaderError
 from .plan.resume import Cursor
 from .ring.kept import KeptBatches
@@ -21,6 +22,20 @@ from .ring.views import SlotView
 from .stats import StatsRecorder
 
 log = logging.getLogger("feedline.loader")
+
+
+class HandOff(Protocol):
+    """What hands batches to the iterator (``device/handoff.py``, ``device/transfer.py``)."""
+
+    capacity: int
+
+    def get(self, release: int | None = None) -> DeviceBatch | None: ...
+
+    def start_epoch(self, epoch: int) -> None: ...
+
+    def depth(self) -> int: ...
+
+    def close(self) -> None: ...
 
 
 class Epoch:
@@ -50,8 +65,8 @@ class EpochIterator:
     """Yields one epoch's batches; a zero-copy batch's slot is released at the following ``next()``, a copy-mode
     batch's once nothing references it (``kept``)."""
 
-    def __init__(self, epoch: int, start: int, current_start: Callable[[], int], queue: DeviceQueue | DirectHandOff,
-                 release: Callable[[int], None], stats: StatsRecorder, device: torch.device, cursor: Cursor,
+    def __init__(self, epoch: int, start: int, current_start: Callable[[], int], queue: HandOff,
+                 release: Callable[[int], None], stats: StatsRecorder, cost: TrainerCost, cursor: Cursor,
                  limit: int | None = None, kept: KeptBatches | None = None,
                  tune: Callable[[float], float | None] | None = None,
                  ended: Callable[[int], None] = lambda epoch: None, reading: Callable[[], None] = lambda: None):
@@ -66,7 +81,7 @@ class EpochIterator:
         self._queue = queue
         self._release = release
         self._stats = stats
-        self._device = device
+        self._cost = cost
         self._cursor = cursor
         self._limit = limit  # batches every rank yields this epoch (equal_batches), or None: as many as there are
         self._last: dict[str, Any] | None = None
@@ -74,22 +89,28 @@ class EpochIterator:
         self._last_return: float | None = None
         self._held_slot: int | None = None
         self._held: list[SlotView] = []
-        self._pending_waits: list[tuple[Any, Any]] = []
         self._done = False
 
     def __iter__(self) -> "EpochIterator":
         return self
 
     def _release_held(self) -> None:
-        """The zero-copy batch handed out last gives its slot back; its tensors are detached first."""
+        """The zero-copy batch handed out last gives its slot back (``__del__``; ``next()`` hands it to the pool
+        with its take)."""
+        slot = self._let_go()
+        if slot is not None:
+            self._release(slot)
+
+    def _let_go(self) -> int | None:
+        """The zero-copy batch handed out last: its tensors detached, its slot (or None)."""
         if self._held_slot is None:
-            return
+            return None
         if self._last is not None and self._held:
             # equal_batches may repeat it as padding after its slot is reused: keep a copy
             self._last = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self._last.items()}
         slot = self._held_slot
         self._drop_views()
-        self._release(slot)
+        return slot
 
     def _drop_views(self) -> None:
         """A reference the loop kept to the held zero-copy batch raises on use from now on (views.py)."""
@@ -105,29 +126,43 @@ class EpochIterator:
 
     def __next__(self) -> dict[str, Any]:
         called = time.perf_counter()
+        cpu, cost = time.thread_time_ns(), self._cost
+        calls = cost.device_calls_here()
+        try:
+            return self._next(called)
+        finally:
+            cost.loop_ns += time.thread_time_ns() - cpu
+            cost.loop_calls += cost.device_calls_here() - calls
+
+    def _next(self, called: float) -> dict[str, Any]:
         step = called - self._last_return if self._last_return is not None else None
-        self._release_held()
+        release = self._let_go()
         if self._kept is not None:
             self._kept.collect()
         if self._done:
+            if release is not None:
+                self._release(release)
             raise StopIteration
         if self._start != self._current_start():
             raise LoaderError(f"epoch {self._epoch} was abandoned when another epoch started (an iter() of the "
                               f"loader was read from); take its batches before starting the next")
         if self._limit is not None and self._cursor.batches >= self._limit:
+            if release is not None:
+                self._release(release)
             self._finish()  # the other ranks have no more batches: stop with them (equal_batches)
         if self._tune_at is not None and called >= self._tune_at:
             assert self._tune is not None
             self._tune_at = self._tune(called)
-        item = self._queue.get()
+        item = self._queue.get(release)
         wait = time.perf_counter() - called
-        self._stats.step(wait, step)
         if item is None:
+            self._stats.step(wait, step)
             if self._limit is not None and self._cursor.batches < self._limit and self._last is not None:
                 return self._pad()
             self._finish()
-        if item.event is not None:
-            self._hand_over_cuda(item)
+        assert item is not None
+        self._stats.step(wait, step, item.nbytes)
+        self._cost.batches += 1
         tensors = item.tensors
         if item.slot is not None and self._kept is not None:  # copy mode: the slot's until let go
             self._kept.hold(item.slot, tensors)
@@ -161,20 +196,6 @@ class EpochIterator:
         self._cursor.batches += 1
         self._last_return = time.perf_counter()
         return {k: v.clone() if isinstance(v, torch.Tensor) else list(v) for k, v in self._last.items()}
-
-    def _hand_over_cuda(self, item: DeviceBatch) -> None:
-        """The consumer's stream waits for the copy on the GPU, not the host; measured lazily."""
-        stream = torch.cuda.current_stream(self._device)
-        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        before.record(stream)
-        stream.wait_event(item.event)
-        after.record(stream)
-        for t in item.tensors.values():
-            t.record_stream(stream)
-        self._pending_waits.append((before, after))
-        while self._pending_waits and self._pending_waits[0][1].query():
-            b, a = self._pending_waits.pop(0)
-            self._stats.h2d_wait(b.elapsed_time(a) / 1000.0)
 
     def __del__(self) -> None:
         try:

@@ -17,6 +17,7 @@ import functools
 import inspect
 import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -29,8 +30,13 @@ from ..cache.source import CacheSource
 from ..errors import SettingError
 from ..formats.decoders import Decoder
 from ..sink import StatsSink
+from .cost import CostSnapshot, TrainerCost
 from .device.device_decode import DeviceDecoder, compressed_spec, worker_decode
-from .device.transfer import DeviceQueue, DirectHandOff, TransferStage, pin_ring
+from .device.gpu import CudaGpu, Gpu
+from .device.handoff import DirectCopy, DirectHandOff
+from .device.slots import DeviceSlots
+from .device.standin import StandInGpu
+from .device.transfer import DeviceQueue, FieldsHandOff, SlotHandOff, TransferStage
 from .errors import ErrorBudget, LoaderError
 from .iterator import Epoch, EpochIterator
 from .layout.sample import FieldSelection
@@ -45,7 +51,7 @@ from .plan.resume import RANKS_FORMAT, Cursor, Resume, differing, make_state, ow
 from .plan.sources import MixedSource, PathSource, ShardSource
 from .ring.batch_ring import BatchRing, RingHandle, RingLayout, check_ring_memory
 from .ring.kept import KeptBatches
-from .settings import DEFAULT_MAX_MEMBER_BYTES, DeviceDecode, LoaderSettings, unknown_argument
+from .settings import DEFAULT_MAX_MEMBER_BYTES, STANDIN, DeviceDecode, LoaderSettings, unknown_argument
 from .stats import LoaderStats, StatsRecorder
 from .tune.auto import AutoWorkers
 from .tune.autotune import AUTO
@@ -92,7 +98,8 @@ class StagingLoader:
         batch_size: int = 32,
         workers: int | str = 2,
         max_workers: int | None = None,
-        transfer_threads: int | str = 1,
+        transfer_threads: int | str = 0,
+        h2d: str = "slot",
         ring_slots: int | None = None,
         shuffle: bool | str = True,
         shuffle_buffer: int = 1000,
@@ -124,16 +131,21 @@ class StagingLoader:
             raise TypeError(unknown_argument(next(iter(unknown)), known))
         self.settings = s = LoaderSettings(
             batch_size=batch_size, workers=workers, max_workers=max_workers, transfer_threads=transfer_threads,
-            ring_slots=ring_slots, device_queue=device_queue, device=str(device), zero_copy=zero_copy,
+            h2d=h2d, ring_slots=ring_slots, device_queue=device_queue, device=str(device), zero_copy=zero_copy,
             in_order=in_order, shuffle=shuffle, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block, seed=seed, drop_last=drop_last,
             max_sample_errors=max_sample_errors, worker_timeout=worker_timeout, stall_timeout=stall_timeout,
             side_bytes=side_bytes, decompress_dir=decompress_dir, equal_batches=equal_batches,
             start_method=start_method, rank=rank, starvation_window=starvation_window, min_shards=min_shards,
             wait_timeout=wait_timeout, device_decode=device_decode, max_member_bytes=max_member_bytes,
             worker_memory=worker_memory)
-        self.device = torch.device(s.device)
+        self.standin = s.device == STANDIN  # the device path on the CPU, against a stand-in (device/standin.py)
+        self.device = torch.device("cpu" if self.standin else s.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise SettingError("device", f"{s.device!r} but CUDA is not available here; use device='cpu'")
+        on_device = self.device.type == "cuda" or self.standin
+        if s.h2d == "fields" and on_device and s.transfer_threads == 0:
+            raise SettingError("h2d", "'fields' copies in transfer threads, but transfer_threads=0: set "
+                                      "transfer_threads >= 1, or use h2d='slot' (the default)")
         if sum(x is not None for x in (shards, cache, sources)) != 1:
             raise SettingError("shards", "give exactly one of shards= (paths or globs), cache= (a cache directory) "
                                          "or sources= (a mixture: feedline.Source objects)")
@@ -175,7 +187,7 @@ class StagingLoader:
 
         first = self.source.wait_for(s.min_shards, max(0.1, s.wait_timeout - waited))
         self.auto_workers = s.workers == AUTO
-        s, most = s.resolve_auto(self.device.type)
+        s, most = s.resolve_auto("cuda" if on_device else "cpu")
         self.settings, self.most_workers = s, most
         tuner = WorkerTuner(int(s.workers), most) if self.auto_workers and most > s.workers else None
         if not self.source.growing and len(first) < self.rank.world_size:  # more workers than shards is fine
@@ -183,7 +195,8 @@ class StagingLoader:
                 "shards", f"{len(first)} shard(s) for {self.rank.world_size} ranks: rank {self.rank.rank} would get "
                           f"none; run at most {len(first)} rank(s), or split the data into more shards")
         self._stats = StatsRecorder(s.starvation_window, sink)
-        self._stats.configured(0 if self.device.type == "cpu" else int(s.transfer_threads))
+        self._stats.configured(int(s.transfer_threads) if on_device else 0)
+        self._cost = TrainerCost()  # what feedline spends in this process (cost.py)
         p = self._pipeline = Pipeline()
         self._finalizer = weakref.finalize(self, p.close)
         try:
@@ -200,8 +213,9 @@ class StagingLoader:
                                 labelled=self.mixture is not None)
             check_ring_memory(layout, s.slots, self.most_workers)
             p.ring = BatchRing(layout, s.slots, self.most_workers)
-            if self.device.type == "cuda":
-                p.pinned_ptr = pin_ring(p.ring)
+            if on_device:
+                p.gpu = (StandInGpu(self._cost) if self.standin else CudaGpu(self.device, self._cost))
+                p.gpu.pin(p.ring.memory)
             setup = WorkerSetup(RingHandle.of(p.ring), s.shuffle_buffer if s.shuffle else 0, s.drop_last,
                                 logging.getLogger("feedline").getEffectiveLevel(), s.block)
             stats, slots = self._stats, s.slots
@@ -209,25 +223,38 @@ class StagingLoader:
                                 ErrorBudget(s.max_sample_errors), in_order=s.in_order,
                                 worker_timeout=s.worker_timeout, stall_timeout=s.stall_timeout,
                                 worker_memory=s.worker_memory,
-                                on_tick=lambda: p.tick(stats, slots))
+                                on_tick=lambda: p.tick(stats, slots, self._cost), cost=self._cost)
             if s.device_decode is not None:  # rows it cannot decode count against the failure budget
                 p.decoder = DeviceDecoder(s.device_decode, self.device, s.seed, p.pool.samples_dropped)
             if tuner is not None:
                 self._auto = AutoWorkers(tuner, p.pool, stats.loop_times, lambda: self._cursor.batches if
                                          self._cursor else 0, self._regrow,
                                          in_epoch=p.coordinator is None and s.in_order)
-            if self.device.type == "cpu":
+            if p.gpu is None:
                 if not s.zero_copy:  # batches the loop may keep: the held ones beyond the spare are moved out
                     p.kept = KeptBatches(p.ring, p.pool.release, spare=max(1, slots - 2 * most),
                                          on_copy=stats.kept_batch_copied)
                 p.queue = DirectHandOff(p.pool, p.ring, stats, p.kept, p.decoder)
             else:
-                p.queue = DeviceQueue(s.device_queue, s.in_order)
-                p.transfer = TransferStage(p.pool, p.ring, p.queue, stats, s.transfer_threads, self.device,
-                                           p.decoder)
+                self._hand_off(p, p.gpu, s)
+            self._cost.started()  # every stream, event and buffer is made: any later one is a per-batch cost
         except BaseException:
             self.close()
             raise
+
+    def _hand_off(self, p: Pipeline, gpu: Gpu, s: LoaderSettings) -> None:
+        """The device path: ``next()`` copying slots itself, or transfer threads (``h2d`` "slot" or "fields")."""
+        assert p.pool is not None and p.ring is not None
+        stats, threads = self._stats, int(s.transfer_threads)
+        if s.h2d == "slot":
+            p.slots = DeviceSlots(gpu, p.ring, self._cost, stats.kept_batch_copied, consumed_events=threads > 0)
+        if threads == 0:
+            assert p.slots is not None
+            p.queue = DirectCopy(p.pool, p.ring, stats, p.slots, s.device_queue, p.decoder)
+            return
+        queue = DeviceQueue(s.device_queue, s.in_order, self._cost)
+        p.queue = SlotHandOff(queue, p.slots, p.pool) if p.slots is not None else FieldsHandOff(queue, gpu, stats)
+        p.transfer = TransferStage(p.pool, p.ring, queue, stats, threads, gpu, self._cost, p.slots, p.decoder)
 
     @classmethod
     def from_settings(cls, settings: LoaderSettings, shards: Any = None, *, cache: str | os.PathLike | None = None,
@@ -291,7 +318,6 @@ class StagingLoader:
             raise LoaderError("the loader is closed")
         p = self._pipeline
         assert p.pool is not None and p.queue is not None
-        s = self.settings
         resume, self._resume = self._resume, None
         first = delivered = None
         if self._auto is not None and self._epochs.current >= 0:  # auto adjusts during the first epoch only
@@ -320,7 +346,7 @@ class StagingLoader:
         self._cursor.expected = limit  # (else worked out from the shard indexes when a state is asked for)
         self._start_run(plan, first, delivered)
         it = EpochIterator(plan.epoch, start, lambda: self._epochs.starts, p.queue, p.pool.release, self._stats,
-                           self.device, self._cursor, limit, p.kept, self._auto, self._epochs.ended,
+                           self._cost, self._cursor, limit, p.kept, self._auto, self._epochs.ended,
                            functools.partial(self.source.reading, self.rank.rank))
         self._iterator = weakref.ref(it)
         return it
@@ -485,6 +511,20 @@ class StagingLoader:
         """Counters and queue depths, named after the metrics in DESIGN.md."""
         return self._stats.snapshot(*self._pipeline.gauges(self.settings.slots))
 
+    def flush_stats(self) -> None:
+        """Push the statistics gathered since the dispatcher's last tick to the sink now (before a scrape)."""
+        self._stats.flush()
+
+    def count_thread(self, thread: threading.Thread, role: str = "other") -> None:
+        """Count ``thread``'s CPU as feedline's in this process (``cost()``, ``trainer_cpu_seconds_total``)."""
+        self._cost.thread(role, thread)
+
+    def cost(self) -> CostSnapshot:
+        """What feedline has spent in this process so far: its threads' CPU, wake-ups, device calls (on the
+        loop's thread and in all), device objects made after start-up, host waits on the device (``cost.py``);
+        ``cost().since(before)`` is a stretch of it, ``per_batch()`` its figures a batch."""
+        return self._cost.snapshot()
+
     @property
     def starvation_window(self) -> float:
         return self._stats.window_seconds
@@ -502,6 +542,10 @@ class StagingLoader:
             except OSError as exc:
                 log.warning("cannot end the reader lease in %s: %s", self.source.describe(), exc)
         self._finalizer()
+        stats, cost = getattr(self, "_stats", None), getattr(self, "_cost", None)
+        if stats is not None and cost is not None:  # what the last ticks did not push yet
+            stats.flush()
+            stats.report_cost(cost.snapshot())
 
     def __enter__(self) -> "StagingLoader":
         return self

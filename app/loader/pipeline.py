@@ -1,18 +1,20 @@
 """The resources of a running loader, in one object its finalizer can close without the loader itself.
 
-Closing order matters: the device queue first (wakes a blocked put), the
+Closing order matters: the hand-off first (wakes a blocked put), the
 transfer threads (joined, so none releases a slot into a closed pool), the
 pool (its dispatcher stops the workers), the batches the loop kept (moved
 out of the ring), the launcher's memfd, the rank coordinator's process
-group, the CUDA registration of the ring, the ring.
+group, the device buffers, the CUDA registration of the ring, the ring.
 """
 
 from __future__ import annotations
 
-import torch
-
+from .cost import TrainerCost
 from .device.device_decode import DeviceDecoder
-from .device.transfer import DeviceQueue, DirectHandOff, TransferStage
+from .device.gpu import Gpu
+from .device.slots import DeviceSlots
+from .device.transfer import TransferStage
+from .iterator import HandOff
 from .plan.coordinate import RankCoordinator
 from .ring.batch_ring import BatchRing
 from .ring.kept import KeptBatches
@@ -27,19 +29,22 @@ class Pipeline:
     def __init__(self) -> None:
         self.ring: BatchRing | None = None
         self.pool: WorkerPool | None = None
-        self.queue: DeviceQueue | DirectHandOff | None = None
+        self.queue: HandOff | None = None
         self.transfer: TransferStage | None = None
         self.kept: KeptBatches | None = None
         self.launcher: Launcher | None = None
         self.coordinator: RankCoordinator | None = None
-        self.pinned_ptr: int | None = None
+        self.gpu: Gpu | None = None  # a device: the ring is pinned to it until close
+        self.slots: DeviceSlots | None = None  # h2d="slot": the device buffers, one a ring slot
         self.decoder: DeviceDecoder | None = None  # device_decode=: the batch stage's image decoder
 
-    def tick(self, stats: StatsRecorder, slots: int) -> None:
-        """The dispatcher's, 4 times a second: slots of kept batches let go return, the gauges go to ``stats``."""
+    def tick(self, stats: StatsRecorder, slots: int, cost: TrainerCost) -> None:
+        """The dispatcher's, 4 times a second: slots of kept batches let go return, the gauges and feedline's CPU
+        in this process go to ``stats``."""
         if self.kept is not None:
             self.kept.give_back_idle()
         stats.report_gauges(*self.gauges(slots))
+        stats.report_cost(cost.snapshot())
 
     def gauges(self, slots: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
         """(queue depths, queue capacities, worker states) as they are now."""
@@ -66,10 +71,11 @@ class Pipeline:
             self.launcher.close()
         if self.coordinator is not None:
             self.coordinator.close()
-        if self.pinned_ptr is not None:
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaHostUnregister(self.pinned_ptr)
-            self.pinned_ptr = None
+        if self.slots is not None:
+            self.slots.close()
+        if self.gpu is not None:
+            self.gpu.unpin()  # once every copy from the ring has landed
         if self.ring is not None:
             self.ring.close()
         self.ring = self.pool = self.queue = self.transfer = self.kept = self.launcher = self.coordinator = None
+        self.gpu = self.slots = None

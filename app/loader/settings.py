@@ -57,12 +57,18 @@ MIN_WORKER_MEMORY = 256 << 20
 
 
 def default_ring_slots(workers: int, transfer_threads: int, device_queue: int = 2) -> int:
-    """Two slots a worker, one a transfer thread, and the batches ready ahead of the loop."""
-    return 2 * workers + transfer_threads + device_queue
+    """Two slots a worker, one a transfer thread (at least one: the batch the loop holds, or copies itself), and
+    the batches ready ahead of the loop."""
+    return 2 * workers + max(1, transfer_threads) + device_queue
 
 
 STREAM = "stream"  # shuffle="stream": shards in order through a shuffle buffer, as webdataset does
 SHUFFLES = {"epoch": True, "stream": STREAM, "none": False}  # the shuffle by name (FEEDLINE_SHUFFLE, the bench)
+# How a batch goes to the device: "slot", one copy a ring slot into a device buffer made for it (the fields are
+# views); "fields", a copy a field into new allocations, events made a batch (the path before "slot", kept until
+# a GPU has compared them: docs/loader.md).
+H2D = ("slot", "fields")
+STANDIN = "standin"  # device="standin": the device path run on the CPU against a stand-in (tests, the bench)
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,8 @@ class LoaderSettings:
     batch_size: int = 32
     workers: int | str = 2  # or "auto" (autotune.py, tuner.py), resolved when the loader starts
     max_workers: int | None = None  # with workers="auto": the most it grows to (None: from the host)
-    transfer_threads: int | str = 1
+    transfer_threads: int | str = 0  # 0: next() copies itself (no thread); "auto": autotune's choice
+    h2d: str = "slot"
     ring_slots: int | None = None
     device_queue: int = 2
     device: str = "cpu"
@@ -105,7 +112,11 @@ class LoaderSettings:
         set_ = object.__setattr__
         set_(self, "batch_size", _int("batch_size", self.batch_size, 1))
         set_(self, "workers", _int_or_auto("workers", self.workers, 1))
-        set_(self, "transfer_threads", _int_or_auto("transfer_threads", self.transfer_threads, 1))
+        set_(self, "transfer_threads", _int_or_auto("transfer_threads", self.transfer_threads, 0))
+        if self.h2d not in H2D:  # checked here, before the device: the message names this setting
+            raise SettingError("h2d", f"must be 'slot' (one copy a batch into a device buffer made for its ring "
+                                      f"slot) or 'fields' (a copy a field into new allocations: the path before "
+                                      f"it), got {self.h2d!r}")
         if self.max_workers is not None:
             set_(self, "max_workers", _int("max_workers", self.max_workers, 1))
             if self.workers != AUTO:
@@ -150,8 +161,9 @@ class LoaderSettings:
             raise SettingError("start_method", f"must be 'spawn': workers start in a fresh interpreter (never "
                                                f"fork after CUDA), got {self.start_method!r}")
         device = str(self.device)
-        if not re.fullmatch(r"cpu(:[0-9]+)?|cuda(:[0-9]+)?", device):
-            raise SettingError("device", f"must be 'cpu' or 'cuda[:N]', got {device!r}")
+        if not re.fullmatch(r"cpu(:[0-9]+)?|cuda(:[0-9]+)?|standin", device):
+            raise SettingError("device", f"must be 'cpu' or 'cuda[:N]' (or 'standin': the CUDA path on the CPU, "
+                                         f"for tests), got {device!r}")
         device = "cpu" if device.startswith("cpu") else device  # cpu:0 (Accelerate's) is the one CPU device
         set_(self, "device", device)
         if self.rank is not None and not isinstance(self.rank, Rank):
@@ -192,7 +204,8 @@ class LoaderSettings:
         ``autotune.choose``'s, logged; the ring gets slots for the most."""
         if AUTO not in (self.workers, self.transfer_threads):
             return self, int(self.workers)
-        choice = autotune.choose(device_type, max_workers=self.max_workers)
+        choice = autotune.choose(device_type, max_workers=self.max_workers,
+                                 device_decode=self.device_decode is not None)
         most = choice.most if self.workers == AUTO else int(self.workers)
         threads = choice.transfer_threads if self.transfer_threads == AUTO else int(self.transfer_threads)
         out = self.replace(workers=choice.workers if self.workers == AUTO else self.workers, max_workers=None,
@@ -219,7 +232,7 @@ DATALOADER_EQUIVALENTS = {
                   "bytes; per-sample work goes in transform=)",
     "persistent_workers": "nothing: workers always live as long as the loader",
     "timeout": "worker_timeout= (a worker that decodes nothing for that long is replaced, its work redone)",
-    "prefetch_factor": "ring_slots= (batches in flight; the default is 2 * workers + transfer_threads + 2)",
+    "prefetch_factor": "ring_slots= (batches in flight; the default is 2 * workers + max(1, transfer_threads) + 2)",
     "sampler": "shuffle=, shuffle_block= and seed= (the whole epoch is shuffled by blocks of shards, split by "
                "rank; there is no index-based sampler)",
     "batch_sampler": "batch_size= and drop_last= (no index-based sampler)",

@@ -1,8 +1,11 @@
 """The loader's own statistics, named after the metrics they become (DESIGN.md, Metrics).
 
 Updated in the trainer process only (workers send their counters with each
-batch); read by ``StagingLoader.stats()``, and pushed as they happen to the
-sink the loader was given (``feedline.sink.StatsSink``).
+batch); read by ``StagingLoader.stats()``, and pushed to the sink the loader
+was given (``feedline.sink.StatsSink``): the per-batch counters and
+observations at the dispatcher's tick (4 a second, and at close), as deltas and
+the observations made since — a batch pays for no sink call in the training
+loop's thread; rare events as they happen.
 """
 
 from __future__ import annotations
@@ -12,8 +15,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..sink import NullSink, StatsSink
+
+if TYPE_CHECKING:
+    from .cost import CostSnapshot
 
 # Labels of feedline_sample_errors_total{reason}; the order is the wire order.
 ERROR_REASONS = ("corrupt", "too_large", "missing_field", "shape_mismatch", "bad_shard", "evicted", "worker_crash",
@@ -112,7 +119,7 @@ class LoaderStats:
 
 
 class StatsRecorder:
-    """The loader's one funnel for statistics: keeps ``LoaderStats`` and pushes each event to the sink.
+    """The loader's one funnel for statistics: keeps ``LoaderStats`` and pushes them to the sink (``flush``).
 
     Every update takes one short lock; the sink is called outside it.
     """
@@ -122,24 +129,29 @@ class StatsRecorder:
         self._s = LoaderStats()
         self._window = StarvationWindow(window_seconds)
         self._sink: StatsSink = sink if sink is not None else NullSink()
+        self._cpu_pushed: dict[str, float] = {}  # trainer_cpu_seconds_total as last pushed, by thread
+        self._pushed: dict[str, float] = {}  # the per-batch counters as last pushed (flush)
+        self._waits: list[float] = []  # data waits observed since the last flush
+        self._cost_window: deque[tuple[float, float, int]] = deque()  # (when, feedline's CPU, batches)
 
     @property
     def window_seconds(self) -> float:
         return self._window.seconds
 
-    def step(self, wait: float, step: float | None) -> None:
+    def step(self, wait: float, step: float | None, nbytes: int | None = None) -> None:
+        """A ``next()`` returned after ``wait`` seconds, ``step`` after the last returned; with a batch of
+        ``nbytes`` of payload (None: the epoch's end)."""
         with self._lock:
             s = self._s
             s.data_wait_seconds_total += wait
             s.data_wait_seconds.observe(wait)
+            self._waits.append(wait)
             if step is not None:
                 s.step_seconds_total += step
             self._window.add(time.monotonic(), wait, step or 0.0)
-        sink = self._sink
-        sink.inc("data_wait_seconds_total", wait)
-        sink.observe("data_wait_seconds", wait)
-        if step is not None:
-            sink.inc("step_seconds_total", step)
+            if nbytes is not None:
+                s.bytes_total["transferred"] += nbytes
+                s.batches_total += 1
 
     def loop_times(self) -> tuple[float, float]:
         """(seconds the loop waited in ``next()``, seconds it spent between calls), since the start."""
@@ -153,34 +165,48 @@ class StatsRecorder:
             s.bytes_total["read"] += read
             s.bytes_total["decoded"] += decoded
             s.decode_seconds_total += decode_ns / 1e9
-            bad = any(errors)  # almost never: the per-reason work is skipped
-            if bad:
+            if any(errors):  # almost never: the per-reason work is skipped
                 for reason, n in zip(ERROR_REASONS, errors):
                     s.sample_errors_total[reason] += n
+
+    def flush(self) -> None:
+        """Push the per-batch counters' growth since the last flush, and the waits observed since (the tick's)."""
+        with self._lock:
+            s = self._s
+            now = {"data_wait_seconds_total": s.data_wait_seconds_total, "step_seconds_total": s.step_seconds_total,
+                   "samples_total": float(s.samples_total),
+                   **{f"bytes_total:{k}": float(v) for k, v in s.bytes_total.items()},
+                   **{f"sample_errors_total:{k}": float(v) for k, v in s.sample_errors_total.items()}}
+            pushed, self._pushed = self._pushed, now
+            waits, self._waits = self._waits, []
         sink = self._sink
-        sink.inc("samples_total", samples)
-        sink.inc("bytes_total", read, stage="read")
-        sink.inc("bytes_total", decoded, stage="decoded")
-        if bad:
-            for reason, n in zip(ERROR_REASONS, errors):
-                if n:
-                    sink.inc("sample_errors_total", n, reason=reason)
+        for key, value in now.items():
+            delta = value - pushed.get(key, 0.0)
+            if delta > 0:
+                name, _, label = key.partition(":")
+                if not label:
+                    sink.inc(name, delta)
+                elif name == "bytes_total":
+                    sink.inc(name, delta, stage=label)
+                else:
+                    sink.inc(name, delta, reason=label)
+        for wait in waits:
+            sink.observe("data_wait_seconds", wait)
 
     def corrupt_dropped(self, samples: int) -> None:
-        """Rows the batch stage could not decode (``device_decode``): dropped, counted as corrupt samples."""
+        """Rows the batch stage could not decode (``device_decode``): dropped, counted as corrupt samples (pushed
+        with the next flush)."""
         with self._lock:
             self._s.sample_errors_total["corrupt"] += samples
-        self._sink.inc("sample_errors_total", samples, reason="corrupt")
 
-    def transferred(self, nbytes: int, seconds: float | None) -> None:
+    def h2d(self, seconds: float, waited: float = 0.0) -> None:
+        """A (sampled) batch's host-to-device copy took ``seconds``; ``waited``: the loop's stream time it stands
+        for (copies on that stream: the sample times the batches it samples)."""
         with self._lock:
-            self._s.bytes_total["transferred"] += nbytes
-            self._s.batches_total += 1
-            if seconds is not None:
-                self._s.h2d_seconds.observe(seconds)
-        self._sink.inc("bytes_total", nbytes, stage="transferred")
-        if seconds is not None:
-            self._sink.observe("h2d_seconds", seconds)
+            self._s.h2d_seconds.observe(seconds)
+        self._sink.observe("h2d_seconds", seconds)
+        if waited:
+            self.h2d_wait(waited)
 
     def h2d_wait(self, seconds: float) -> None:
         with self._lock:
@@ -197,6 +223,25 @@ class StatsRecorder:
             self._s.worker_restarts[reason] += 1
         self._sink.inc("worker_restarts_total", reason=reason)
 
+    def report_cost(self, cost: "CostSnapshot") -> None:
+        """Feedline's CPU in the training process (``cost.py``) as counters by thread, and a batch's share of it
+        over the starvation window (the dispatcher's tick)."""
+        now = time.monotonic()
+        with self._lock:
+            pushed, self._cpu_pushed = self._cpu_pushed, dict(cost.cpu_seconds)
+            window = self._cost_window
+            window.append((now, cost.cpu_total, cost.batches))
+            while len(window) > 2 and window[0][0] < now - self._window.seconds:
+                window.popleft()
+            t0, cpu0, batches0 = window[0]
+        sink = self._sink
+        for role, seconds in cost.cpu_seconds.items():
+            delta = seconds - pushed.get(role, 0.0)
+            if delta > 0:
+                sink.inc("trainer_cpu_seconds_total", delta, thread=role)
+        if cost.batches > batches0:
+            sink.set("trainer_cpu_per_batch_seconds", (cost.cpu_total - cpu0) / (cost.batches - batches0))
+
     def configured(self, transfer_threads: int) -> None:
         """What the loader runs with, as set or as ``auto`` chose it (the workers show in their states)."""
         self._sink.set("transfer_threads", transfer_threads)
@@ -208,7 +253,9 @@ class StatsRecorder:
 
     def report_gauges(self, queue_depth: dict[str, int], queue_capacity: dict[str, int],
                       workers: dict[str, int]) -> None:
-        """Push the current queue depths, worker states and starvation ratio to the sink."""
+        """Push the per-batch counters (``flush``), the current queue depths, worker states and starvation ratio
+        to the sink."""
+        self.flush()
         with self._lock:
             ratio = self._window.ratio()
         sink = self._sink

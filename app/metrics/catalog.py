@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import __version__
+from ..loader.cost import THREAD_ROLES
 from ..loader.stats import BYTE_STAGES, ERROR_REASONS, QUEUES, RESTART_REASONS, TIME_BUCKETS
 from ..sampler.errors import FETCH_ERRORS
 
@@ -48,10 +49,16 @@ LOADER: tuple[MetricDef, ...] = (
     MetricDef("samples_total", "counter", "Samples decoded into the batch ring."),
     MetricDef("bytes_total", "counter", "Bytes per stage: read from shards, decoded into the ring, transferred "
               "to the loop.", "stage", BYTE_STAGES),
-    MetricDef("h2d_seconds", "histogram", "Host-to-device copy time per batch (a host copy on CPU hosts).",
-              buckets=TIME_BUCKETS),
-    MetricDef("h2d_wait_seconds_total", "counter", "Time the consumer's CUDA stream waited on the copy event "
-              "(CUDA only)."),
+    MetricDef("h2d_seconds", "histogram", "Host-to-device copy time of a batch, sampled (one batch in 16 with "
+              "h2d=slot).", buckets=TIME_BUCKETS),
+    MetricDef("h2d_wait_seconds_total", "counter", "Time the consumer's CUDA stream spent on the batches' copies: "
+              "waiting on a transfer thread's copy (h2d=fields), or running the copies next() issues on it "
+              "(transfer_threads=0; estimated from the sampled copies). CUDA only."),
+    MetricDef("trainer_cpu_seconds_total", "counter", "CPU time feedline's own threads spent inside the training "
+              "process: the loop's thread inside next(), the dispatcher, transfer threads, the rest (what "
+              "slows a launch-bound step though no batch is late).", "thread", THREAD_ROLES),
+    MetricDef("trainer_cpu_per_batch_seconds", "gauge", "feedline's CPU in the training process per batch handed "
+              "to the loop, over the loader's sliding window (the budget: 0.25 ms)."),
     MetricDef("sample_errors_total", "counter", "Samples skipped: corrupt, too large, missing field, ...",
               "reason", ERROR_REASONS),
     MetricDef("worker_restarts_total", "counter", "Worker processes replaced: crashed (died), stalled (no "

@@ -60,15 +60,24 @@ ROWS: list[tuple[str, list[Panel]]] = [
               "Near 0: the pipeline keeps up. Above 0.2 for 10 minutes fires FeedlineInputStarved.",
               "percentunit", [Query(STARVATION, "from rates"),
                               Query(f"avg(feedline_gpu_starvation_ratio{SEL})", "loader's own (30 s window)")],
-              max=1),
+              max=1, width=6),
+        Panel("feedline's CPU in the training process",
+              "What starvation cannot show: the CPU feedline's own threads take inside the training process (the "
+              "loop's thread inside next(), the dispatcher, transfer threads), in cores, and per batch (right axis). "
+              "A launch-bound step slows by about this much though no batch is late; the budget is 0.25 ms a batch.",
+              "short", [Query(_rate("feedline_trainer_cpu_seconds_total", "thread"), "{{thread}} (cores)"),
+                        Query(f"max(feedline_trainer_cpu_per_batch_seconds{SEL}) * 1000", "ms a batch")],
+              right_axis=["ms a batch"], width=6),
         Panel("Data wait per step",
               "Quantiles of the time one next(loader) call blocked. The step's compute is not in it.",
-              "s", [Query(_quantile(q, "feedline_data_wait_seconds"), f"p{int(q * 100)}") for q in (0.5, 0.9, 0.99)]),
+              "s", [Query(_quantile(q, "feedline_data_wait_seconds"), f"p{int(q * 100)}") for q in (0.5, 0.9, 0.99)],
+              width=6),
         Panel("GPU utilisation (DCGM)",
               "The GPU's own view, from dcgm-exporter when its compose profile runs: graphics engine active and "
               "GPU utilisation. Low utilisation with high starvation means the input pipeline is the bottleneck.",
               "percentunit", [Query("avg(DCGM_FI_PROF_GR_ENGINE_ACTIVE)", "engine active", optional=True),
-                              Query("avg(DCGM_FI_DEV_GPU_UTIL) / 100", "GPU util", optional=True)], max=1),
+                              Query("avg(DCGM_FI_DEV_GPU_UTIL) / 100", "GPU util", optional=True)], max=1,
+              width=6),
     ]),
     ("Throughput", [
         Panel("Samples per second", "Samples decoded into the batch ring, per second.", "short",

@@ -35,12 +35,14 @@ class MetricsServer:
                  timeout: float = DEFAULT_TIMEOUT, max_connections: int = DEFAULT_MAX_CONNECTIONS):
         self.registry = registry
         self.ready: Callable[[], tuple[bool, str]] = ready or (lambda: (True, "ok"))
+        self.before_scrape: Callable[[], None] = lambda: None  # a process's parts push what they hold back
         server = self
 
         class Handler(BoundedHandler):
             def do_GET(self) -> None:  # noqa: N802
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
+                    server.before_scrape()
                     self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
                 elif path == "/healthz":
                     self._send(200, b"ok\n")
@@ -97,6 +99,11 @@ class Exporter:
     @property
     def port(self) -> int:
         return self.server.port
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The thread serving the endpoint (the trainer counts its CPU as feedline's)."""
+        return self.server._thread
 
     def close(self) -> None:
         self.server.close()

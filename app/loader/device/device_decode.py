@@ -4,14 +4,16 @@ Where the CPUs cannot decode as fast as the GPU trains (8-16 cores per GPU), the
 each image's compressed bytes in a padded variable-length ring field (``<name>`` and
 ``<name>_len``), a fraction of the decoded size. The stage that hands batches over then decodes the
 whole batch in one call — on a CUDA device with nvJPEG (``torchvision.io.decode_jpeg`` with
-``device="cuda"``) or nvImageCodec, reading the pinned slot directly — and crops and resizes each
-image there (torch's antialiased bilinear), so the training loop receives ``(N, H, W, 3)`` uint8
+``device="cuda"``) or nvImageCodec, reading the pinned slot directly — and crops and resizes the
+whole batch there in one go (``resize_crops``: torch's antialiased bilinear as two batched matrix
+products, no operation launched per image), so the training loop receives ``(N, H, W, 3)`` uint8
 images on the device as with CPU decoding. On a CPU host Pillow decodes in the loop's thread through
 the same crop-and-resize code: no faster than the workers, but the same path, tested everywhere.
 
 A member the batch decoder refuses (not a JPEG, a codec error) is decoded alone by Pillow; one
 Pillow cannot read either is dropped from the batch — every field of that row — and counted as a
-``corrupt`` sample. Each image's crop is drawn from ``(seed, epoch, key)``: a sample gets the same
+``corrupt`` sample. Each image's crop is drawn from ``(seed, epoch, key)`` — one CRC of the key, then
+counter-based random numbers for the whole batch at once (``draw_boxes``) —: a sample gets the same
 crop on every run, after a resume and after a worker is replaced, whichever batch it lands in.
 """
 
@@ -20,18 +22,17 @@ from __future__ import annotations
 import importlib
 import io
 import logging
-import random
 import threading
+import warnings
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ...errors import SettingError
 from ...formats.images import decode_image, image_formats
-from ...formats.transforms import random_box
 from ..layout.sample import FieldSelection
 from ..layout.spec import Field, Spec, next_pow2
 from .decode_settings import DeviceDecode
@@ -125,30 +126,109 @@ def compressed_spec(spec: Spec, settings: DeviceDecode) -> Spec:
     return Spec(tuple(fields))
 
 
-def crop_box(height: int, width: int, settings: DeviceDecode, rng: random.Random) -> tuple[int, int, int, int]:
-    """(top, left, bottom, right) of the region one image is resized from."""
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _uniform(seeds: np.ndarray, n: int) -> np.ndarray:
+    """(len(seeds), n) uniform floats in [0, 1): SplitMix64 of each seed's counter, the whole batch at once."""
+    with np.errstate(over="ignore"):
+        z = seeds[:, None] + np.arange(1, n + 1, dtype=np.uint64)[None, :] * _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def key_seeds(seed: int, epoch: int, name: str, keys: Sequence[str]) -> np.ndarray:
+    """A 64-bit seed an image from (seed, epoch, field, key): a CRC of the key on a base made once a batch."""
+    base = zlib.crc32(f"feedline-device-decode:{seed}:{epoch}:{name}".encode())
+    return np.fromiter(((base << 32) | zlib.crc32(k.encode(), base) for k in keys), dtype=np.uint64, count=len(keys))
+
+
+_TRIES = 10  # Inception's random crop: ten draws of area and aspect, then the centred square
+
+
+def draw_boxes(heights: np.ndarray, widths: np.ndarray, settings: DeviceDecode, seeds: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(boxes (N, 4) int64 as top, left, bottom, right; flips (N,) bool) for the whole batch, vectorized."""
+    h, w = heights.astype(np.float64), widths.astype(np.float64)
+    flips = np.zeros(len(h), dtype=bool)
     if settings.crop == "random":
-        x0, y0, x1, y1 = random_box(width, height, settings.scale, settings.ratio, rng)
+        u = _uniform(seeds, 4 * _TRIES + 1)
+        lo, hi = settings.scale
+        lr0, lr1 = np.log(settings.ratio[0]), np.log(settings.ratio[1])
+        target = (h * w)[:, None] * (lo + (hi - lo) * u[:, :_TRIES])
+        aspect = np.exp(lr0 + (lr1 - lr0) * u[:, _TRIES : 2 * _TRIES])
+        cw, ch = np.sqrt(target * aspect), np.sqrt(target / aspect)
+        fits = (cw > 0) & (cw <= w[:, None]) & (ch > 0) & (ch <= h[:, None])
+        first = np.argmax(fits, axis=1)
+        rows = np.arange(len(h))
+        found = fits[rows, first]
+        cw, ch = cw[rows, first], ch[rows, first]
+        x0 = u[rows, 2 * _TRIES + first] * (w - cw)
+        y0 = u[rows, 3 * _TRIES + first] * (h - ch)
+        side = np.minimum(w, h)  # the fallback: the centred square
+        x0 = np.where(found, x0, (w - side) / 2)
+        y0 = np.where(found, y0, (h - side) / 2)
+        cw, ch = np.where(found, cw, side), np.where(found, ch, side)
+        if settings.flip:
+            flips = u[:, 4 * _TRIES] < 0.5
     else:
         oh, ow = settings.size  # type: ignore[misc]
-        if width * oh > height * ow:  # wider than the output: full height
-            cw, ch = height * ow / oh, float(height)
-        else:
-            cw, ch = float(width), width * oh / ow
-        x0, y0 = (width - cw) / 2, (height - ch) / 2
-        x1, y1 = x0 + cw, y0 + ch
-    top, left = int(y0), int(x0)
-    return top, left, max(top + 1, min(height, round(y1))), max(left + 1, min(width, round(x1)))
+        wide = w * oh > h * ow  # wider than the output: full height
+        cw, ch = np.where(wide, h * ow / oh, w), np.where(wide, h, w * oh / ow)
+        x0, y0 = (w - cw) / 2, (h - ch) / 2
+    top, left = np.floor(y0).astype(np.int64), np.floor(x0).astype(np.int64)
+    bottom = np.maximum(top + 1, np.minimum(heights, np.rint(y0 + ch).astype(np.int64)))
+    right = np.maximum(left + 1, np.minimum(widths, np.rint(x0 + cw).astype(np.int64)))
+    return np.stack([top, left, bottom, right], axis=1), flips
 
 
-def crop_resize(image: torch.Tensor, box: tuple[int, int, int, int], size: tuple[int, int], flip: bool) -> torch.Tensor:
-    """A CHW uint8 image cropped to ``box`` and resized to ``size``, on its own device, as HWC uint8."""
-    top, left, bottom, right = box
-    x = image[:, top:bottom, left:right].unsqueeze(0).float()
-    x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)[0]
-    if flip:
-        x = x.flip(-1)
-    return x.round_().clamp_(0, 255).to(torch.uint8).permute(1, 2, 0)
+def crop_box(height: int, width: int, settings: DeviceDecode, seed: int = 0) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right) of the region one image is resized from (``draw_boxes`` for one)."""
+    boxes, _ = draw_boxes(np.array([height]), np.array([width]), settings, np.array([seed], dtype=np.uint64))
+    return tuple(int(v) for v in boxes[0])  # type: ignore[return-value]
+
+
+def _weights(start: torch.Tensor, stop: torch.Tensor, out: int, size: int) -> torch.Tensor:
+    """(N, out, size) rows of torch's antialiased bilinear filter, resampling [start, stop) of each row's
+    axis to ``out`` samples (zero outside the span), normalized: one matrix product resizes a batch."""
+    scale = (stop - start).to(torch.float32) / out  # (N,)
+    support = scale.clamp(min=1.0)
+    centre = start[:, None].to(torch.float32) + scale[:, None] * (torch.arange(out, device=scale.device) + 0.5)
+    src = torch.arange(size, device=scale.device, dtype=torch.float32) + 0.5
+    w = (1 - (src[None, None, :] - centre[:, :, None]).abs() / support[:, None, None]).clamp_(min=0)
+    inside = (src[None, :] >= start[:, None]) & (src[None, :] < stop[:, None])  # (N, size)
+    w = w * inside[:, None, :]
+    return w / w.sum(-1, keepdim=True).clamp_(min=1e-12)
+
+
+def resize_crops(images: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int], flips: torch.Tensor
+                 ) -> torch.Tensor:
+    """A batch of (N, C, H, W) uint8 images (padded), each cropped to its box (top, left, bottom, right) and
+    resized to ``size`` with torch's antialiased bilinear filter, flipped where asked: (N, h, w, C) uint8.
+
+    Separable, as the filter is: the rows then the columns as two batched matrix products on the images'
+    device — a handful of launches for the whole batch, whatever its size.
+    """
+    n, _, height, width = images.shape
+    oh, ow = size
+    rows = _weights(boxes[:, 0], boxes[:, 2], oh, height)  # (N, oh, H)
+    cols = _weights(boxes[:, 1], boxes[:, 3], ow, width)  # (N, ow, W)
+    cols = torch.where(flips[:, None, None], cols.flip(1), cols)
+    x = images.to(torch.float32)
+    x = torch.matmul(x, cols.transpose(1, 2)[:, None])  # (N, C, H, ow)
+    x = torch.matmul(rows[:, None], x)  # (N, C, oh, ow)
+    return x.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+
+
+def _padded(images: list[torch.Tensor]) -> torch.Tensor:
+    """(N, C, Hmax, Wmax) from CHW images of several sizes: one nested tensor, padded in one call."""
+    if len({tuple(i.shape) for i in images}) == 1:
+        return torch.stack(images)
+    with warnings.catch_warnings():  # "prototype stage": the padded copy is all that is used of it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor(images).to_padded_tensor(0)
 
 
 def _pillow_chw(data: np.ndarray) -> torch.Tensor:
@@ -203,47 +283,52 @@ class DeviceDecoder:
         return None
 
     def apply(self, tensors: dict[str, torch.Tensor], extra: dict[str, list[Any]],
-              origin: tuple[int, int]) -> tuple[dict[str, torch.Tensor], dict[str, list[Any]]]:
+              host: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, list[Any]]]:
         """``tensors`` with each image field decoded (``<name>_len`` gone); rows nothing could decode dropped.
 
-        ``origin`` is (worker, batch number); each row's crop is seeded by the seed, the epoch and its key.
+        ``host``: the slot's fields in the (pinned) ring where ``tensors`` are already device copies — the
+        compressed bytes are read there. Each row's crop is drawn from the seed, the epoch and its key.
         """
+        source = host if host is not None else tensors
         keys = extra["__key__"]  # every batch carries its keys (side.py)
-        out = dict(tensors)
-        bad: set[int] = set()
+        out = {k: v for k, v in tensors.items()}
+        bad = np.zeros(len(keys), dtype=bool)
         decoded: dict[str, list[torch.Tensor | None]] = {}
         for name in self.settings.fields:
-            data, lengths = out.pop(name), out.pop(f"{name}_len")
-            members = [data[i, : int(n)] for i, n in enumerate(lengths.tolist())]
-            images = self._decode(members)
-            bad.update(i for i, img in enumerate(images) if img is None)
+            out.pop(name), out.pop(f"{name}_len")
+            data, lengths = source[name], source[f"{name}_len"]
+            lens = lengths.tolist()  # host memory: no device sync
+            members = [data[i, :n] for i, n in enumerate(lens)]
+            head = data[:, :2].numpy() if data.shape[1] >= 2 else np.zeros((len(lens), 2), np.uint8)
+            jpeg = (np.asarray(lens) > 2) & (head[:, 0] == 0xFF) & (head[:, 1] == 0xD8)
+            images = self._decode(members, jpeg)
+            bad |= np.fromiter((img is None for img in images), dtype=bool, count=len(images))
             decoded[name] = images
-        n = len(next(iter(decoded.values()))) if decoded else 0
-        keep = [i for i in range(n) if i not in bad]
+        keep = np.flatnonzero(~bad)
+        h, w = self.settings.size  # type: ignore[misc]
         for name, images in decoded.items():
-            fitted = []
-            for i in keep:
-                img = images[i]
-                assert img is not None
-                rng = random.Random(f"feedline-device-decode:{self.seed}:{self.epoch}:{name}:{keys[i]}")
-                box = crop_box(img.shape[1], img.shape[2], self.settings, rng)
-                flip = self.settings.crop == "random" and self.settings.flip and rng.random() < 0.5
-                fitted.append(crop_resize(img, box, self.settings.size, flip))  # type: ignore[arg-type]
-            h, w = self.settings.size  # type: ignore[misc]
-            out[name] = (torch.stack(fitted) if fitted
-                         else torch.empty((0, h, w, 3), dtype=torch.uint8, device=self.device))
-        if bad:
-            self._on_corrupt(len(bad))
-            rows = torch.tensor(keep, dtype=torch.long)
+            kept = [images[i] for i in keep]
+            if not kept:
+                out[name] = torch.empty((0, h, w, 3), dtype=torch.uint8, device=self.device)
+                continue
+            sizes = np.array([img.shape[1:] for img in kept], dtype=np.int64)  # type: ignore[union-attr]
+            boxes, flips = draw_boxes(sizes[:, 0], sizes[:, 1], self.settings,
+                                      key_seeds(self.seed, self.epoch, name, [keys[i] for i in keep]))
+            padded = _padded(kept).to(self.device, non_blocking=True)  # type: ignore[arg-type]  (Pillow's: one copy)
+            out[name] = resize_crops(padded, torch.from_numpy(boxes).to(self.device, non_blocking=True),
+                                     (h, w), torch.from_numpy(flips).to(self.device, non_blocking=True))
+        if bad.any():
+            self._on_corrupt(int(bad.sum()))
+            rows = torch.from_numpy(keep)
             out = {k: v if k in decoded else v.index_select(0, rows.to(v.device)) for k, v in out.items()}
             extra = {k: [v[i] for i in keep] for k, v in extra.items()}
         return out, extra
 
-    def _decode(self, members: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+    def _decode(self, members: Sequence[torch.Tensor], is_jpeg: np.ndarray) -> list[torch.Tensor | None]:
         """CHW uint8 images on the device, None where nothing could decode the member."""
         if self.backend == "pillow":
             return [self._one_pillow(m) for m in members]
-        jpeg = [i for i, m in enumerate(members) if len(m) > 2 and int(m[0]) == 0xFF and int(m[1]) == 0xD8]
+        jpeg = np.flatnonzero(is_jpeg).tolist()
         out: list[torch.Tensor | None] = [None] * len(members)
         try:
             for i, img in zip(jpeg, self._batch([members[i] for i in jpeg])):

@@ -97,17 +97,24 @@ class SideWriter:
 
 
 def read(views: dict[str, np.ndarray], n: int, fields: tuple[Field, ...]) -> tuple[dict[str, list[Any]], int]:
-    """(the side values of the first ``n`` samples of a slot, one list per field; their bytes) — in the trainer."""
+    """(the side values of the first ``n`` samples of a slot, one list per field; their bytes) — in the trainer,
+    on every batch: text that is ASCII (keys almost always are) is decoded once and sliced."""
     flat = views[SIDE_LEN][:n].ravel().tolist()  # sample-major: the order the worker packed them in
     ends = list(accumulate(flat))
     total = ends[-1] if ends else 0
     blob = views[SIDE_DATA].reshape(-1)[:total].tobytes()  # one copy of what is used
     width = len(fields)
+    text: str | None = None
     out: dict[str, list[Any]] = {}
     for j, f in enumerate(fields):
-        spans = [(e - k, e) for e, k in zip(ends[j::width], flat[j::width])]
+        stops = ends if width == 1 else ends[j::width]
+        starts = [0, *ends[:-1]] if width == 1 else [e - k for e, k in zip(stops, flat[j::width])]
+        spans = zip(starts, stops)
         if f.dtype == "text":
-            out[f.name] = [blob[a:b].decode("utf-8") for a, b in spans]
+            if text is None:
+                text = blob.decode("ascii") if blob.isascii() else ""
+            out[f.name] = ([text[a:b] for a, b in spans] if text or not blob
+                           else [blob[a:b].decode("utf-8") for a, b in spans])
         elif f.dtype == "json":
             out[f.name] = [json.loads(blob[a:b]) for a, b in spans]
         elif f.dtype == "tree":

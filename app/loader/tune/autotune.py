@@ -5,9 +5,10 @@ The CPUs this process may use (its affinity, capped by a cgroup CPU quota: a con
 rank's CPUs is left to the training loop, the rest may decode: that is the most workers ``auto``
 runs (``max_workers`` lowers it). It starts with half of them and grows during the first epoch
 while the loop waits and CPUs are idle (``tuner.py``). A rank with fewer shards than workers
-splits them between its workers (``plan.assign``). CUDA gets two transfer threads (a copy in
-flight while the next is queued), a CPU host one (it starts no thread: the ring slot it counts
-is one more the loop may hold). Each choice is logged with its reasons.
+splits them between its workers (``plan.assign``). Transfer threads: none — ``next()`` issues a
+batch's one copy itself and copies ahead, so no other thread of the training process wakes a
+batch (DESIGN.md, "The training process's share") — except with ``device_decode`` on CUDA, whose
+decode and resize launches one thread takes off the loop's. Each choice is logged with its reasons.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class Choice:
     reason: str
 
 
-def choose(device_type: str, ranks_on_node: int | None = None, max_workers: int | None = None) -> Choice:
+def choose(device_type: str, ranks_on_node: int | None = None, max_workers: int | None = None,
+           device_decode: bool = False) -> Choice:
     """Workers (to start with, and the most) and transfer threads for one rank."""
     cpus, found = usable_cpus()
     ranks = ranks_on_node or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
@@ -65,13 +67,15 @@ def choose(device_type: str, ranks_on_node: int | None = None, max_workers: int 
         why.append(f"max_workers={max_workers}")
     start = max(1, most // 2)
     why.append(f"starting with {start} of at most {most}, grown during the first epoch while the loop waits")
-    threads = 2 if device_type == "cuda" else 1
+    threads = 1 if device_type == "cuda" and device_decode else 0
+    why.append(f"{threads} transfer thread(s)" + (": the batch's decode launched off the loop's thread" if threads
+                                                   else ": next() copies each batch itself"))
     return Choice(start, most, threads, "; ".join(why))
 
 
 def resolved(workers: int | str, transfer_threads: int | str, device_type: str,
-             max_workers: int | None = None) -> tuple[int, int]:
+             max_workers: int | None = None, device_decode: bool = False) -> tuple[int, int]:
     """Both settings as numbers, for sizing: ``auto`` replaced by the most ``choose`` would run."""
-    pick = choose(device_type, max_workers=max_workers)
+    pick = choose(device_type, max_workers=max_workers, device_decode=device_decode)
     return (pick.most if workers == AUTO else int(workers),
             pick.transfer_threads if transfer_threads == AUTO else int(transfer_threads))

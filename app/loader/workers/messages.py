@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import struct
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..plan.epoch_plan import WorkerPlan
 from ..stats import ERROR_REASONS  # the wire order of the per-reason counts
@@ -44,9 +43,8 @@ def decode_fill(msg: bytes) -> tuple[int, int, int]:
     return _FILL.unpack_from(msg, 1)  # type: ignore[return-value]
 
 
-@dataclass
-class BatchResult:
-    """What a worker reports with each slot it hands back."""
+class BatchResult(NamedTuple):
+    """What a worker reports with each slot it hands back (a tuple: the trainer decodes one a batch)."""
 
     kind: bytes  # DONE or END
     epoch: int
@@ -68,7 +66,7 @@ class BatchResult:
     @classmethod
     def decode(cls, msg: bytes) -> "BatchResult":
         v = _RESULT.unpack_from(msg, 1)
-        return cls(msg[:1], v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], tuple(v[8:]))
+        return cls(msg[:1], *v[:8], v[8:])
 
 
 def encode_fatal(message: str) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..stats import BUDGET_EXEMPT
 from .messages import DONE, ERROR_REASONS, BatchResult
@@ -18,9 +19,9 @@ from .messages import DONE, ERROR_REASONS, BatchResult
 _BUDGETED = tuple(reason not in BUDGET_EXEMPT for reason in ERROR_REASONS)
 
 
-@dataclass(frozen=True)
-class ReadyBatch:
-    """A filled slot, with its place in the epoch's delivery order and where it came from."""
+class ReadyBatch(NamedTuple):
+    """A filled slot, with its place in the epoch's delivery order and where it came from (a tuple: one a
+    batch)."""
 
     epoch: int
     seq: int
@@ -214,6 +215,16 @@ class Scheduler:
             key = self._skip_ended(self._take_at)
             return key is None or key in self._ready
         return bool(self._ready) or self.finished
+
+    def waits_on(self) -> list[int]:
+        """The workers whose next result may make ``take()`` return something: in order, the one whose batch
+        comes next; out of order, every worker holding a slot."""
+        if self.epoch < 0:
+            return []
+        if self.in_order:
+            key = self._skip_ended(self._take_at)
+            return [] if key is None else [key[1]]
+        return [w for w, out in enumerate(self._outstanding) if out]
 
     def release(self, slot: int) -> None:
         self.free.append(slot)

@@ -7,10 +7,13 @@ so nothing is lost or repeated. A sample in hand at two deaths or stalls of the 
 next time and counted; one killed above ``worker_memory`` (``memory.py``) counts as a death. A worker that
 keeps dying without delivering is a ``LoaderError``, and so is one not started within ``stall_timeout``.
 
-Only the pool's dispatcher thread calls it, except ``send()`` and ``wake()``; the memory
-watcher's thread reads the processes under the lock ``_forget()`` drops them under.
-Messages to a worker never block the sender: each worker has an outbox, flushed as its pipe
-takes bytes, so a stalled worker cannot stall the dispatcher that would notice.
+Only the pool's dispatcher thread starts, replaces and stops processes and selects on their
+sentinels; ``send()``, ``drain()`` and ``wake()`` serve any thread under the pool's lock (the
+consumers read their batches' results from the pipes themselves, so the dispatcher is woken only
+for what it must do: a start, a death, a pipe that is full, its tick). The memory watcher's thread
+reads the processes under the lock ``_forget()`` drops them under. Messages to a worker never block
+the sender: each worker has an outbox, flushed as its pipe takes bytes, so a stalled worker cannot
+stall the dispatcher that would notice.
 """
 
 from __future__ import annotations
@@ -19,11 +22,9 @@ import logging
 import os
 import selectors
 import socket
-import struct
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import LoaderError
@@ -32,48 +33,14 @@ from ..watchdog import Heartbeat
 from .launch import Launcher, WorkerProcess
 from .held import HeldShards
 from .memory import MemoryWatcher, over_ceiling
-from .messages import READY, STOP
+from .messages import STOP
+from .place import InHand, Place
 from .stacks import read_stack
 
 log = logging.getLogger("feedline.loader")
 
 MAX_RESTARTS_WITHOUT_PROGRESS = 3
 STOP_WAIT = 2.0  # seconds the workers get, together, to exit after STOP before they are killed
-_HEADER = struct.Struct("!i")  # a message's length, as multiprocessing's Connection frames it
-_RECV_BYTES = 1 << 16
-
-
-@dataclass(frozen=True)
-class InHand:
-    """What a worker is doing, from the ring's status table (see ``ring.STATUS_WORDS``)."""
-
-    epoch: int
-    pos: int  # >= 0: decoding that stream position; IDLE, SKIPPING or OPENING
-    shard: int  # ordinal in the worker's shard list
-    index: int  # sample index in that shard (SKIPPING: samples skipped so far)
-
-
-@dataclass
-class _Proc:
-    """One worker place: its current process and pipes, and its restart history this epoch."""
-
-    index: int
-    process: WorkerProcess | None = None
-    conn: Any = None  # multiprocessing.connection.Connection: the pipe's owner (and its fd for the selector)
-    sock: socket.socket | None = None  # the same pipe, read and written without blocking
-    outbox: bytearray = field(default_factory=bytearray)
-    inbox: bytearray = field(default_factory=bytearray)  # bytes read that do not make a whole message yet
-    stack_r: int = -1
-    started: bool = False  # it said READY: imports done, the user's code loaded
-    seen: InHand | None = None
-    progress_at: float = 0.0
-    restarts_without_progress: int = 0
-    last_crash_pos: int = -1
-    poison: set[int] = field(default_factory=set)
-    ever_started: bool = False  # a process was started in this place (False: added, not yet started)
-    spawned_at: float = 0.0
-
-
 class Supervisor:
     """Owns W worker processes and their pipes."""
 
@@ -87,7 +54,7 @@ class Supervisor:
         self._setup = setup
         self.worker_timeout = worker_timeout
         self._on_restart = on_restart
-        self._procs = [_Proc(i) for i in range(workers)]
+        self._procs = [Place(i) for i in range(workers)]
         self._selector = selectors.DefaultSelector()
         self._fd_lock = threading.Lock()  # wake() against close(): never write into a reused fd number
         self._out_lock = threading.Lock()  # outboxes, sockets, processes: send(), the memory watcher vs _forget()
@@ -112,7 +79,7 @@ class Supervisor:
         """Places for workers up to ``workers`` (any thread, under the pool's lock); ``start_new`` starts them."""
         if workers > self._ring.workers:
             raise LoaderError(f"the ring has status rows for {self._ring.workers} workers, not {workers}")
-        self._procs += [_Proc(i) for i in range(len(self._procs), workers)]
+        self._procs += [Place(i) for i in range(len(self._procs), workers)]
 
     def start_new(self) -> list[int]:
         """Start the added workers (the dispatcher thread); their indexes."""
@@ -141,58 +108,58 @@ class Supervisor:
                     pass
 
     def wait(self, timeout: float) -> tuple[list[tuple[int, bytes]], list[int]]:
-        """(messages from workers, workers that died), after at most ``timeout`` seconds."""
+        """(messages from workers still starting, workers that died), after at most ``timeout`` seconds.
+
+        The dispatcher's: it watches the sentinels, the pipes of workers that have not said READY and
+        those with bytes waiting to be sent; a started worker's results wait in its pipe for ``drain``.
+        """
         messages: list[tuple[int, bytes]] = []
         dead: list[int] = []
-        self._watch_writes()
+        self._watch()
         for key, events in self._selector.select(timeout):
             kind, p = key.data
             if kind == "wake":
                 os.read(self._wake_r, 4096)
                 continue
             if kind == "dead":
-                if not p.process.is_alive():  # after its last results were read: the pipe came first
-                    dead.append(p.index)
+                dead.append(p.index)
                 continue
             if events & selectors.EVENT_WRITE:
                 with self._out_lock:
-                    self._flush(p)
+                    p.flush()
             if events & selectors.EVENT_READ and not self._receive(p, messages):
-                p.process.join(timeout=1.0)
                 dead.append(p.index)
         return messages, list(dict.fromkeys(dead))
 
-    def _receive(self, p: _Proc, messages: list[tuple[int, bytes]]) -> bool:
-        """The whole messages waiting in a worker's pipe (``Connection.send_bytes`` frames); False at its end.
+    def drain(self, workers: Iterable[int] | None = None) -> list[tuple[int, bytes]]:
+        """The whole messages waiting in these workers' pipes (every worker's by default), without blocking.
 
-        Read straight from the socket: ``Connection.poll()`` builds a selector per call, which cost the
-        dispatcher more than the rest of its work on a batch.
+        Any thread, under the pool's lock: a consumer reads the results it waits for itself.
         """
-        assert p.sock is not None
-        try:
-            data = p.sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-        if not data:
-            return False
-        self.last_progress = time.monotonic()
-        buf = p.inbox
-        buf += data
-        pos, end = 0, len(buf)
-        while end - pos >= _HEADER.size:
-            (n,) = _HEADER.unpack_from(buf, pos)
-            if end - pos - _HEADER.size < n:
-                break
-            msg = bytes(buf[pos + _HEADER.size : pos + _HEADER.size + n])
-            pos += _HEADER.size + n
-            if msg == READY:
-                p.started, p.progress_at = True, time.monotonic()
-            else:
-                messages.append((p.index, msg))
-        del buf[:pos]
-        return True
+        messages: list[tuple[int, bytes]] = []
+        procs = self._procs
+        for w in (range(len(procs)) if workers is None else workers):
+            p = procs[w]
+            if p.sock is not None and not p.ended:
+                self._receive(p, messages)
+        return messages
+
+    def retire(self, worker: int) -> None:
+        """Read nothing more from this worker (under the pool's lock): it stalled and is replaced once its stack is
+        read, and a result it might still send meanwhile is not its stream's any more."""
+        self._procs[worker].ended = True
+
+    def pipe_of(self, worker: int) -> int:
+        """The fd a consumer may select on for this worker's results, or -1 (none now: being replaced)."""
+        p = self._procs[worker]
+        return p.sock.fileno() if p.sock is not None and not p.ended else -1
+
+    def _receive(self, p: Place, messages: list[tuple[int, bytes]]) -> bool:
+        """Read what ``p``'s pipe holds into ``messages``; False at its end."""
+        got = p.receive(messages)
+        if got:
+            self.last_progress = time.monotonic()
+        return got is not False
 
     def send(self, worker: int, msg: bytes) -> bool:
         """Queue a message (framed as ``Connection.send_bytes`` frames it) and send what the pipe takes now.
@@ -202,34 +169,25 @@ class Supervisor:
         """
         p = self._procs[worker]
         with self._out_lock:
-            if p.sock is None:
-                return False  # it is being replaced; the replacement gets its plan and fills anew
-            p.outbox += _HEADER.pack(len(msg)) + msg
-            return self._flush(p)
+            return p.send(msg)
 
-    def _flush(self, p: _Proc) -> bool:
-        """Send what the pipe takes now (under ``_out_lock``); True if bytes are left."""
-        if p.sock is None:
-            p.outbox.clear()
-            return False
-        try:
-            while p.outbox:
-                sent = p.sock.send(p.outbox, socket.MSG_DONTWAIT)
-                del p.outbox[:sent]
-        except BlockingIOError:
-            pass
-        except OSError:
-            p.outbox.clear()  # it died; its end of file brings the pool to replace(), which resends
-        return bool(p.outbox)
-
-    def _watch_writes(self) -> None:
-        """Select for writing exactly the pipes with bytes waiting (the dispatcher, before it selects)."""
+    def _watch(self) -> None:
+        """Select (the dispatcher, before it selects) on exactly the pipes of workers still starting and
+        those with bytes waiting to be sent."""
         for p in self._procs:
             if p.conn is None:
                 continue
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if p.outbox else 0)
-            if self._selector.get_key(p.conn).events != events:
+            events = (0 if p.started or p.ended else selectors.EVENT_READ) | (
+                selectors.EVENT_WRITE if p.outbox else 0)
+            if events == p.watched:
+                continue
+            if p.watched and events:
                 self._selector.modify(p.conn, events, ("conn", p))
+            elif events:
+                self._selector.register(p.conn, events, ("conn", p))
+            else:
+                self._selector.unregister(p.conn)
+            p.watched = events
 
     def progressed(self, worker: int) -> None:
         """The worker delivered a batch: its restarts so far were not in vain."""
@@ -320,7 +278,7 @@ class Supervisor:
 
     # -- processes ------------------------------------------------------------------------------------
 
-    def _spawn(self, p: _Proc) -> None:
+    def _spawn(self, p: Place) -> None:
         self._ring.status[p.index] = (-1, -1, -1, -1)
         self._beat.beat(f"starting worker {p.index}")
         proc, conn, stack_r = self._launcher.start(p.index, self._setup, [self._ring.memory.fd], self.held.fds)
@@ -330,19 +288,21 @@ class Supervisor:
         p.outbox.clear()
         p.inbox.clear()
         p.started, p.seen, p.progress_at, p.ever_started = False, None, time.monotonic(), True
-        p.spawned_at = p.progress_at
+        p.spawned_at, p.ended = p.progress_at, False
         self._selector.register(conn, selectors.EVENT_READ, ("conn", p))
+        p.watched = selectors.EVENT_READ
         if proc.sentinel is not None:
             self._selector.register(proc.sentinel, selectors.EVENT_READ, ("dead", p))
 
-    def _forget(self, p: _Proc) -> int | None:
+    def _forget(self, p: Place) -> int | None:
         """Kill a worker if it still runs, drop its pipes and handle; its exit code."""
-        for obj in (p.conn, p.process.sentinel if p.process is not None else None):
+        for obj in (p.conn if p.watched else None, p.process.sentinel if p.process is not None else None):
             if obj is not None:
                 try:
                     self._selector.unregister(obj)
                 except (KeyError, ValueError):
                     pass
+        p.watched = 0
         with self._out_lock:
             conn, sock, stack_r, proc = p.conn, p.sock, p.stack_r, p.process
             p.conn, p.sock, p.stack_r, p.process = None, None, -1, None  # before closing: no second close

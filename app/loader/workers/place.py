@@ -1,0 +1,117 @@
+"""One worker place: its current process, its pipe read and written without blocking, its restart history.
+
+A message crosses the pipe framed as ``multiprocessing.connection.Connection.send_bytes`` frames it (a
+big-endian length, then the bytes); the trainer's side reads and writes the socket itself, never blocking:
+``Connection.poll()`` builds a selector a call, which cost more than the rest of a batch's work.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .launch import WorkerProcess
+from .messages import READY
+
+_HEADER = struct.Struct("!i")  # a message's length, as multiprocessing's Connection frames it
+_RECV_BYTES = 1 << 16
+
+
+@dataclass(frozen=True)
+class InHand:
+    """What a worker is doing, from the ring's status table (see ``ring.STATUS_WORDS``)."""
+
+    epoch: int
+    pos: int  # >= 0: decoding that stream position; IDLE, SKIPPING or OPENING
+    shard: int  # ordinal in the worker's shard list
+    index: int  # sample index in that shard (SKIPPING: samples skipped so far)
+
+
+@dataclass
+class Place:
+    """One worker place: its current process and pipes, and its restart history this epoch."""
+
+    index: int
+    process: WorkerProcess | None = None
+    conn: Any = None  # multiprocessing.connection.Connection: the pipe's owner (and its fd for the selector)
+    sock: socket.socket | None = None  # the same pipe, read and written without blocking
+    outbox: bytearray = field(default_factory=bytearray)
+    inbox: bytearray = field(default_factory=bytearray)  # bytes read that do not make a whole message yet
+    stack_r: int = -1
+    started: bool = False  # it said READY: imports done, the user's code loaded
+    seen: InHand | None = None
+    progress_at: float = 0.0
+    restarts_without_progress: int = 0
+    last_crash_pos: int = -1
+    poison: set[int] = field(default_factory=set)
+    ever_started: bool = False  # a process was started in this place (False: added, not yet started)
+    spawned_at: float = 0.0
+    ended: bool = False  # its pipe ended (it died) or it is being replaced: nothing more is read from it
+    watched: int = 0  # the events the dispatcher's selector watches its pipe for (0: not registered)
+
+    def receive(self, messages: list[tuple[int, bytes]]) -> bool | None:
+        """The whole messages waiting in the pipe, appended to ``messages`` (READY is noted, not appended): True
+        if bytes came, None if none were waiting, False at the pipe's end."""
+        assert self.sock is not None
+        try:
+            data = self.sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return None
+        except OSError:
+            self.ended = True
+            return False
+        if not data:
+            self.ended = True
+            return False
+        buf = self.inbox
+        buf += data
+        pos, end = 0, len(buf)
+        while end - pos >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(buf, pos)
+            if end - pos - _HEADER.size < n:
+                break
+            msg = bytes(buf[pos + _HEADER.size : pos + _HEADER.size + n])
+            pos += _HEADER.size + n
+            if msg == READY:
+                self.started, self.progress_at = True, time.monotonic()
+            else:
+                messages.append((self.index, msg))
+        del buf[:pos]
+        return True
+
+    def send(self, msg: bytes) -> bool:
+        """Frame ``msg`` and send what the pipe takes now (the caller holds the supervisor's out-lock); True when
+        bytes wait in the outbox for the pipe to take them."""
+        if self.sock is None:
+            return False  # it is being replaced; the replacement gets its plan and fills anew
+        frame = _HEADER.pack(len(msg)) + msg
+        if not self.outbox:  # the common case: straight into the pipe, nothing queued before it
+            try:
+                sent = self.sock.send(frame, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                return False  # it died; its end of file brings the pool to replace(), which resends
+            if sent == len(frame):
+                return False
+            frame = frame[sent:]
+        self.outbox += frame
+        return self.flush()
+
+    def flush(self) -> bool:
+        """Send what the pipe takes now; True if bytes are left."""
+        if self.sock is None:
+            self.outbox.clear()
+            return False
+        try:
+            while self.outbox:
+                sent = self.sock.send(self.outbox, socket.MSG_DONTWAIT)
+                del self.outbox[:sent]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.outbox.clear()  # it died; its end of file brings the pool to replace(), which resends
+        return bool(self.outbox)
