@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from feedline.bench.report import SHARD_ORDER, STREAM_ORDER
+from feedline.bench.targets import STANDIN
 
 # heavy: scripts/test runs these beside the soak (tests/conftest.py); under pytest-xdist, in one worker: they make
 # the benchmark's datasets in .cache/bench, once each, and would otherwise make the same one at once
@@ -55,6 +56,30 @@ def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
     md = out_md.read_text()
     assert "### JPEG decode scaling" in md
     assert "| feedline (zero-copy) |" in md and "### Targets" in md
+
+
+def test_the_training_process_share_is_measured_per_batch_and_in_a_launch_bound_step(tmp_path):
+    """Issue 60's rows: the training process's CPU a batch of 3x64x64 samples for each loader and each way the
+    device path runs (on the stand-in here), and a launch-bound step's time fed against a fixed batch."""
+    out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
+    run = subprocess.run(
+        [sys.executable, "-m", "feedline", "bench", "--quick", "--seconds", "0.5", "--workers", "1",
+         "--small-samples", "1200", "--json", str(out_json), "--markdown", str(out_md), "--workloads", "small,launch",
+         "--host", "test-host"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(out_json.read_text())["test-host"]
+    small = doc["workloads"]["small"]
+    assert {"feedline (zero-copy)", STANDIN, "DataLoader"} <= set(small) and len(small) == 6
+    assert all(0 < row["trainer_ms_per_batch"] < 50 for row in small.values())
+    launch = doc["launch"]
+    assert launch["ops"] >= 8 and len(launch["rows"]) == 5
+    for row in launch["rows"].values():
+        assert row["step_ms"] > 0 and row["fixed_step_ms"] > 0 and row["speed"] > 0
+    assert all("trainer_ms_per_batch" in row for name, row in launch["rows"].items() if name.startswith("feedline"))
+    targets = [t["target"] for t in doc["targets"]]
+    assert any("<= 0.15 ms" in t for t in targets) and any("stand-in device <= 0.25 ms" in t for t in targets)
+    md = out_md.read_text()
+    assert "training process CPU a batch" in md and "a launch-bound step" in md
 
 
 def test_the_end_to_end_row_trains_a_model_fed_three_ways(tmp_path):

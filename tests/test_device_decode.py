@@ -134,3 +134,52 @@ def test_images_nothing_can_decode_count_against_the_failure_budget(tmp_path):
                            device_decode={"fields": ["jpg"], "size": 8}) as loader:
             for _ in loader:
                 pass
+
+
+def test_the_batched_crop_resize_matches_torchs_antialiased_resize_of_each_crop():
+    """resize_crops (two batched matrix products for the whole batch) against F.interpolate(antialias=True) on
+    each image's crop alone: the same pixels, at most one level apart (float rounding)."""
+    import torch.nn.functional as F
+
+    from feedline.loader.device.device_decode import _padded, resize_crops
+
+    gen = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, h, w), generator=gen, dtype=torch.uint8)
+              for h, w in ((48, 64), (64, 40), (30, 30), (20, 90))]
+    boxes = torch.tensor([[5, 7, 45, 60], [0, 0, 64, 40], [10, 12, 14, 20], [2, 30, 18, 88]])  # down, both, up
+    flips = torch.tensor([False, True, False, True])
+    out = resize_crops(_padded(images), boxes, (24, 32), flips)
+    assert out.shape == (4, 24, 32, 3) and out.dtype == torch.uint8
+    for img, (t, left, b, r), flip, got in zip(images, boxes.tolist(), flips.tolist(), out):
+        crop = img[:, t:b, left:r].unsqueeze(0).float()
+        want = F.interpolate(crop, size=(24, 32), mode="bilinear", antialias=True, align_corners=False)[0]
+        want = want.flip(-1) if flip else want
+        want = want.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0)
+        assert (got.int() - want.int()).abs().max() <= 1
+
+
+def test_crops_are_drawn_for_the_whole_batch_in_the_ranges_asked_for_and_by_key():
+    from feedline.loader.device.device_decode import draw_boxes, key_seeds
+
+    s = DeviceDecode(size=32, scale=(0.25, 0.5), ratio=(0.75, 1.3333))
+    heights, widths = np.full(500, 300), np.full(500, 400)
+    boxes, flips = draw_boxes(heights, widths, s, key_seeds(0, 0, "jpg", [f"k{i}" for i in range(500)]))
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) / (300 * 400)
+    assert ((area > 0.22) & (area < 0.53)).all()  # the scale asked for (whole pixels round it a little)
+    assert (boxes[:, 0] >= 0).all() and (boxes[:, 2] <= 300).all() and (boxes[:, 3] <= 400).all()
+    assert 0.4 < flips.mean() < 0.6 and len({tuple(b) for b in boxes.tolist()}) > 450
+    again, _ = draw_boxes(heights[:3], widths[:3], s, key_seeds(0, 0, "jpg", ["k0", "k1", "k2"]))
+    assert (again == boxes[:3]).all()  # a key's crop does not depend on its batch
+    other, _ = draw_boxes(heights[:3], widths[:3], s, key_seeds(0, 1, "jpg", ["k0", "k1", "k2"]))
+    assert not (other == boxes[:3]).all()  # another epoch, other crops
+
+
+@pytest.mark.parametrize("threads", [0, 1])
+def test_device_decode_on_the_stand_in_device_path_keeps_labels_aligned(colored, threads):
+    with StagingLoader(colored, batch_size=8, workers=2, fields=["jpg", "cls"], device="standin",
+                       transfer_threads=threads, device_decode={"fields": ["jpg"], "size": 32}) as loader:
+        batches = list(loader)
+    assert sum(len(b["cls"]) for b in batches) == 48
+    for b in batches:
+        assert b["jpg"].shape == (len(b["cls"]), 32, 32, 3) and "jpg_len" not in b
+        assert [_color_of(img) for img in b["jpg"]] == b["cls"].tolist()

@@ -25,7 +25,8 @@ def test_the_dry_run_runs_every_step_without_cuda_and_reports_the_cuda_ones_skip
     assert steps["build"]["status"] in ("ok", "skipped")
     if not torch.cuda.is_available():
         assert steps["tests"]["status"] == "skipped: no CUDA", steps["tests"]
-        assert results["sections"] == {name: {"skipped": "no CUDA"} for name in ("raw", "decode", "h2d", "e2e")}
+        assert results["sections"] == {name: {"skipped": "no CUDA"} for name in ("raw", "decode", "h2d", "e2e",
+                                                                                  "e2e-256")}
     assert "tests/test_cuda.py" in steps["tests"]["detail"] and "skipped" in steps["tests"]["detail"]
     md = (out / "results.md").read_text()
     assert md.startswith("# gpu-check: ") and results["when"] in md and "| e2e |" in md
@@ -164,18 +165,20 @@ def test_a_contender_that_fails_before_its_clock_is_reported_at_once_not_waited_
     assert time.monotonic() - started < 10
 
 
-def test_a_missed_e2e_target_is_taken_apart_in_the_results_table():
+def test_the_e2e_step_taken_apart_shows_each_contenders_trace_and_the_loaders_own_counters():
     from feedline.bench.gpu_results import markdown
 
     trace = {"wall_ms_per_step": 127.0, "device_ms_per_step": 61.5, "top": [["sm90_xmma_conv", 20.0, 53]]}
+    cost = {"cpu_seconds": 0.00021, "wakeups": 0.0, "device_calls_loop": 3.0}
     results = {"when": "2030-01-01 00:00 UTC", "steps": [],
                "machine": {"gpu": "GPU", "cpus": 16, "python": "3.12", "torch": "2", "pil": "12", "crop_decoder": "c"},
                "sections": {"e2e": {"summary": "feedline 51% of synthetic", "met": False, "rows": {}, "why": {
-                   "feedline (traced)": {"samples_per_s": 2012.0, "starvation": 0.007, "gpu_copy_wait": 0.02,
-                                         "trace": trace},
+                   "feedline, 2 transfer threads": {"samples_per_s": 2012.0, "starvation": 0.007,
+                                                    "gpu_copy_wait": 0.02, "trace": trace, "cost": cost},
                    "synthetic, a loader running beside it": {"failed": "contender synthetic-beside failed: | boom"}}}}}
     md = markdown(results)
-    assert "| feedline (traced) | 2012 | 0.7% | 2.0% | 127.0 | 61.5 | sm90_xmma_conv 20.00 ms |" in md
+    assert ("| feedline, 2 transfer threads | 2012 | 0.7% | 2.0% | 127.0 | 61.5 | 0.210 | 0.00 | 3.00 | "
+            "sm90_xmma_conv 20.00 ms |") in md
     assert "| synthetic, a loader running beside it | FAILED: contender synthetic-beside failed: / boom |" in md
-    assert "| e2e | ResNet-50 step fed by feedline within 5 % of synthetic data on the device | feedline 51% of " \
-           "synthetic | **no** |" in md
+    assert "| e2e | ResNet-50 step fed by feedline within 5 % of synthetic data on the device, batch 32 " \
+           "(launch-bound) | feedline 51% of synthetic | **no** |" in md

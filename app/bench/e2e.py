@@ -67,21 +67,26 @@ def resnet(blocks: tuple[int, ...] = (3, 4, 6, 3), base: int = 64, classes: int 
 def _loader(args: argparse.Namespace, device: str) -> Any:
     from ..api.staging_loader import StagingLoader
 
+    if args.device == "standin" and device != "cpu":  # a rehearsal without CUDA: the device path on the stand-in
+        device = "standin"
+    threads = {} if args.transfer_threads is None else {"transfer_threads": args.transfer_threads}
     extra: dict[str, Any] = ({"device_decode": {"fields": ["jpg"], "size": args.image_size}}
                              if args.device_decode else
                              {"spec": {"jpg": ("uint8", (args.image_size, args.image_size, 3)), "cls": "int64"},
                               "transform": RandomResizedCrop(args.image_size, fields=["jpg"])})
     return StagingLoader(sorted(glob.glob(args.shards)), fields=["jpg", "cls"], batch_size=args.batch_size,
-                         workers=args.workers, device=device, shuffle=False, **extra)
+                         workers=args.workers, device=device, shuffle=False, drop_last=args.drop_last, h2d=args.h2d,
+                         **threads, **extra)
 
 
 def _feed(args: argparse.Namespace, device: torch.device) -> Iterable[dict[str, Any]]:
     if args.feed == "feedline":
-        return _loader(args, str(device))
+        return _loader(args, "standin" if args.device == "standin" else str(device))
     if args.feed == "feedline-host":  # a diagnosis: host batches copied by the loop (pageable: a CPU loader's ring)
         return _loader(args, "cpu")
     if args.feed == "synthetic-beside":  # a diagnosis: the ceiling's step with a loader running in the process
-        return _Beside(_Synthetic(args.batch_size, args.image_size, device), _loader(args, str(device)))
+        return _Beside(_Synthetic(args.batch_size, args.image_size, device),
+                       _loader(args, "standin" if args.device == "standin" else str(device)))
     if args.feed == "dataloader":
         return torch.utils.data.DataLoader(TarShards(sorted(glob.glob(args.shards)), Convert("jpeg", args.image_size)),
                                            batch_size=args.batch_size, num_workers=args.workers,
@@ -125,6 +130,12 @@ class _Beside:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.synthetic)
 
+    def stats(self) -> Any:
+        return self.loader.stats()
+
+    def cost(self) -> Any:
+        return self.loader.cost()
+
     def close(self) -> None:
         self.stop.set()
         self.thread.join(timeout=30)
@@ -160,6 +171,8 @@ def _trace(step: Any, steps: int, cuda: bool) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.switch_interval:  # a diagnosis: how often the interpreter hands the GIL between threads
+        sys.setswitchinterval(args.switch_interval)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     model = (resnet() if args.model == "resnet50" else resnet((1, 1, 1, 1), 8, 10)).to(device)
@@ -208,6 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(TIMING, file=sys.stderr, flush=True)  # gpu-check's py-spy profile starts here
         loader = feed if hasattr(feed, "stats") else None  # feedline's own feeds: the GPU's wait for its copies
         gpu_wait0 = loader.stats().h2d_wait_seconds_total if loader is not None else 0.0
+        cost0 = loader.cost() if loader is not None else None
         images, waited, t0, cpu0 = 0, 0.0, time.perf_counter(), time.process_time()
         for _ in range(args.steps):
             images += step()
@@ -218,6 +232,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out.update(samples_per_s=images / wall, starvation=waited / wall, main_cpu_pct=100.0 * cpu / wall)
         if loader is not None and cuda:  # a share of the wall the host's starvation cannot see
             out["gpu_copy_wait"] = (loader.stats().h2d_wait_seconds_total - gpu_wait0) / wall
+        if cost0 is not None:  # the training process's share a batch: the budget's counters (cost.py)
+            out["cost"] = {k: round(v, 6) for k, v in loader.cost().since(cost0).per_batch().items()}
         if isinstance(feed, _Beside):
             out["beside_batches"] = feed.drained  # the loader beside did run
         if args.trace_steps:
@@ -241,6 +257,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=50, help="timed steps, after --warmup")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--device-decode", action="store_true", help="feedline: decode the JPEGs on the device")
+    p.add_argument("--drop-last", action="store_true", help="feedline: no partial batch (no new shape at an epoch's end)")
+    p.add_argument("--transfer-threads", type=int, default=None, help="feedline: (default: the loader's)")
+    p.add_argument("--h2d", choices=("slot", "fields"), default="slot", help="feedline: how batches go to the device")
+    p.add_argument("--switch-interval", type=float, default=0.0, help="sys.setswitchinterval (0: Python's, 5 ms)")
+    p.add_argument("--device", choices=("auto", "standin"), default="auto",
+                   help="feedline without CUDA: standin runs the device path on the CPU (a rehearsal)")
     p.add_argument("--trace-steps", type=int, default=0, help="after the timed steps, this many more under torch's "
                    "profiler (the device's own time a step against the wall's)")
     args = p.parse_args(argv)

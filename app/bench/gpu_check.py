@@ -8,8 +8,12 @@ each section within what is left of the check's deadline (a section that would n
   training process's own CPU per wall second;
 - ``decode``: ``device_decode`` against CPU decode (decode + RandomResizedCrop in the workers), same workers;
 - ``h2d``: the loader's copy bandwidth (bytes over the copies' own time) against torch's pinned copy;
-- ``e2e``: a ResNet-50 step fed by synthetic data on the device, feedline, feedline with ``device_decode``
-  and ``DataLoader``.
+- ``e2e`` (batch 32, the launch-bound case) and ``e2e-256``: a ResNet-50 step fed by synthetic data on the
+  device, feedline, feedline with ``device_decode`` and ``DataLoader``, every contender with ``drop_last`` (no
+  epoch's end brings a new shape); at batch 32 the diagnosis runs in the same check (``_e2e_why``): the
+  synthetic step with a loader running beside it, ``transfer_threads`` 1 and 2, the path before ``h2d="slot"``
+  (``h2d="fields"``), and the interpreter's switch interval swept, each with the step's device time traced and
+  the loader's own counters a batch (its CPU, wake-ups, device calls on the loop's thread).
 
 Every contender runs in its own process (``contenders.py``, ``e2e.py``), in interleaved rounds
 (``rounds.py``). ``--dry-run`` (no CUDA) runs what does not need it (the datasets) and reports every section
@@ -30,8 +34,19 @@ from .gpu_data import datasets, to_shm
 from .gpu_results import PROFILE_SECONDS, SECTIONS, markdown
 from .rounds import Contender, interleaved, ratio
 
-COST = {"raw": 60, "decode": 70, "h2d": 5, "e2e": 150}  # about how many seconds each takes on an H100 host
-WHY_COST = 70  # the e2e section's diagnosis of a missed target: four contenders once
+COST = {"raw": 60, "decode": 70, "h2d": 5, "e2e": 80, "e2e-256": 60}  # about the seconds each takes on an H100 host
+WHY_COST = 90  # the e2e section's diagnosis: seven contenders once
+DIAGNOSIS = {  # row: the e2e command's arguments (feed first)
+    "synthetic, a loader running beside it": ("synthetic-beside",),
+    "feedline, 1 transfer thread": ("feedline", "--transfer-threads", "1"),
+    "feedline, 2 transfer threads": ("feedline", "--transfer-threads", "2"),
+    "feedline, h2d=fields, 2 transfer threads (the path before)": ("feedline", "--h2d", "fields",
+                                                                   "--transfer-threads", "2"),
+    "feedline, switch interval 0.5 ms": ("feedline", "--switch-interval", "0.0005"),
+    "feedline, switch interval 50 ms": ("feedline", "--switch-interval", "0.05"),
+    "feedline, h2d=fields, 2 threads, switch interval 50 ms": ("feedline", "--h2d", "fields", "--transfer-threads",
+                                                                "2", "--switch-interval", "0.05"),
+}
 PROFILE_COST = 25  # seconds a py-spy profile of one contender takes
 
 
@@ -43,14 +58,20 @@ def _bench_args(args: argparse.Namespace, workers: int) -> argparse.Namespace:
     add_arguments(p)
     ns = p.parse_args([])
     ns.workers, ns.seconds, ns.batch_size = workers, args.seconds, args.batch_size
+    import torch
+
+    ns.standin = args.rehearse and not torch.cuda.is_available()
     return ns
 
 
 def _contender(row: str, workload: str, shards: str, ns: argparse.Namespace, *extra: str) -> Contender:
     from .runner import _contender as run_one
 
-    return Contender(row, lambda t: run_one("feedline" if row.startswith("feedline") else "dataloader", workload,
-                                            shards, ns, *extra, seconds=t))
+    feedline = row.startswith("feedline")
+    if feedline and ns.standin:  # a rehearsal without CUDA: the device path's code, on the stand-in
+        extra = (*extra, "--device", "standin")
+    return Contender(row, lambda t: run_one("feedline" if feedline else "dataloader", workload, shards, ns, *extra,
+                                            seconds=t))
 
 
 def _section_raw(args: argparse.Namespace, data: dict[str, str]) -> dict[str, Any]:
@@ -61,8 +82,10 @@ def _section_raw(args: argparse.Namespace, data: dict[str, str]) -> dict[str, An
     feed, base = rows["feedline"], rows["DataLoader (pinned, non_blocking)"]
     r = ratio(feed, base)
     cpu = feed["main_cpu_pct"]
+    share = f", {feed['trainer_ms_per_batch']:.3f} ms a batch" if "trainer_ms_per_batch" in feed else ""
     return {"rows": rows, "ratio": r, "main_cpu_pct": cpu, "met": r[0] >= 5.0 and cpu <= 10.0,
-            "summary": f"{r[0]:.2f}x DataLoader ({r[1]:.2f}-{r[2]:.2f}); training process CPU {cpu:.1f} % of a core"}
+            "summary": f"{r[0]:.2f}x DataLoader ({r[1]:.2f}-{r[2]:.2f}); training process CPU {cpu:.1f} % of a "
+                       f"core{share}"}
 
 
 def _section_decode(args: argparse.Namespace, data: dict[str, str]) -> dict[str, Any]:
@@ -93,54 +116,59 @@ def _section_h2d(args: argparse.Namespace, raw: dict[str, Any] | None) -> dict[s
     return out
 
 
-def _section_e2e(args: argparse.Namespace, data: dict[str, str]) -> dict[str, Any]:
+def _section_e2e(args: argparse.Namespace, data: dict[str, str], batch: int, diagnose: bool) -> dict[str, Any]:
     from .report import CEILING
     from .runner import _run_json
 
     def c(row: str, feed: str, *extra: str) -> Contender:
-        cmd = _e2e_cmd(args, data, feed, args.e2e_steps, *extra)
+        cmd = _e2e_cmd(args, data, feed, args.e2e_steps, batch, *extra)
         return Contender(row, lambda t: _run_json(cmd, dict(os.environ), "e2e", " ".join([feed, *extra])))
 
     rows = interleaved([c(CEILING, "synthetic"), c("feedline", "feedline"),
                         c("feedline, device_decode", "feedline", "--device-decode"),
-                        c("DataLoader (pinned, non_blocking)", "dataloader")], args.e2e_rounds, args.seconds, 0.0)
+                        c("DataLoader (pinned, non_blocking)", "dataloader")],
+                       args.e2e_rounds if diagnose else 1, args.seconds, 0.0)
     ratios = {row: ratio(rows[row], rows[CEILING]) for row in rows if row != CEILING}
     r = ratios["feedline"]
     why = None
-    if r[0] < 0.95 and args.deadline - time.time() > WHY_COST:
+    if diagnose and args.deadline - time.time() > WHY_COST * (0.2 if args.rehearse else 1.0):
         try:
-            why = _e2e_why(args, data)
+            why = _e2e_why(args, data, batch)
         except Exception as exc:  # the diagnosis must not lose the section's figures
             why = {"the diagnosis": {"failed": f"{type(exc).__name__}: {exc}"[-1000:]}}
-    return {"rows": rows, "ratios": ratios, "ratio": r, "met": r[0] >= 0.95, **({"why": why} if why else {}),
-            "summary": (f"feedline {r[0]:.0%} of synthetic ({r[1]:.0%}-{r[2]:.0%}); device_decode "
+    return {"rows": rows, "ratios": ratios, "ratio": r, "met": r[0] >= 0.95, "batch_size": batch,
+            **({"why": why} if why else {}),
+            "summary": (f"batch {batch}: feedline {r[0]:.0%} of synthetic ({r[1]:.0%}-{r[2]:.0%}); device_decode "
                         f"{ratios['feedline, device_decode'][0]:.0%}; DataLoader "
                         f"{ratios['DataLoader (pinned, non_blocking)'][0]:.0%}")}
 
 
-def _e2e_why(args: argparse.Namespace, data: dict[str, str]) -> dict[str, Any]:
-    """A missed e2e target, taken apart once each: the step's device time against its wall time (torch's
-    profiler) fed by synthetic data and by feedline; feedline's host batches copied by the loop (no transfer
-    threads or streams, from pageable memory); and the synthetic step with a loader running beside it (its
-    batches unused)."""
+def _e2e_why(args: argparse.Namespace, data: dict[str, str], batch: int) -> dict[str, Any]:
+    """The e2e step taken apart, each contender once, each with 4 more steps under torch's profiler (the step's
+    device time against its wall time): a loader running beside the synthetic step (does its mere presence slow
+    the step?), transfer threads 1 and 2 and the path before h2d="slot" against the default (no thread), and
+    the interpreter's switch interval (how often a thread that wants the GIL takes it from the loop)."""
     from .runner import _run_json
 
     out = {}
-    for row, feed in (("synthetic (traced)", "synthetic"), ("feedline (traced)", "feedline"),
-                      ("feedline, host batches copied by the loop", "feedline-host"),
-                      ("synthetic, a loader running beside it", "synthetic-beside")):
-        cmd = _e2e_cmd(args, data, feed, args.e2e_steps, "--trace-steps", "4")
+    for row, (feed, *extra) in DIAGNOSIS.items():
+        cmd = _e2e_cmd(args, data, feed, args.e2e_steps, batch, *extra, "--trace-steps", "4")
         try:
-            out[row] = _run_json(cmd, dict(os.environ), "e2e", f"{feed} (why)")
+            out[row] = _run_json(cmd, dict(os.environ), "e2e", f"{row} (why)")
         except RuntimeError as exc:
             out[row] = {"failed": str(exc)[-1000:]}
     return out
 
 
-def _e2e_cmd(args: argparse.Namespace, data: dict[str, str], feed: str, steps: int, *extra: str) -> list[str]:
+def _e2e_cmd(args: argparse.Namespace, data: dict[str, str], feed: str, steps: int, batch: int,
+             *extra: str) -> list[str]:
+    import torch
+
+    standin = ("--device", "standin") if args.rehearse and not torch.cuda.is_available() else ()
     return [sys.executable, "-m", "feedline.bench.e2e", feed, "--shards", data["jpeg"], "--model", args.e2e_model,
-            "--workers", str(args.e2e_workers), "--batch-size", str(args.e2e_batch_size), "--steps", str(steps),
-            "--warmup", "5", "--image-size", "224" if args.e2e_model == "resnet50" else "32", *extra]
+            "--workers", str(args.e2e_workers), "--batch-size", str(batch), "--steps", str(steps),
+            "--warmup", "5", "--image-size", "224" if args.e2e_model == "resnet50" else "32", "--drop-last",
+            *standin, *extra]
 
 
 def _profiles(args: argparse.Namespace, data: dict[str, str], sections: dict[str, Any], out_dir: str) -> None:
@@ -171,10 +199,11 @@ def _profiles(args: argparse.Namespace, data: dict[str, str], sections: dict[str
 
         run_for = seconds + 3  # the timed part: py-spy starts half a second into it
         if name == "e2e":
+            batch = sections["e2e"]["batch_size"]
             rate = sections["e2e"]["rows"]["feedline"]["samples_per_s"]
-            steps = max(10, min(2000, int(rate * run_for / args.e2e_batch_size)))
-            launch(_e2e_cmd(args, data, "feedline", steps), dict(os.environ))
-            title = f"e2e: {args.e2e_model} fed by feedline ({args.e2e_workers} workers)"
+            steps = max(10, min(2000, int(rate * run_for / batch)))
+            launch(_e2e_cmd(args, data, "feedline", steps, batch), dict(os.environ))
+            title = f"e2e: {args.e2e_model} fed by feedline, batch {batch} ({args.e2e_workers} workers)"
         else:
             extra = ("--zero-copy",) if name == "raw" else ("--zero-copy", "--device-decode")
             _contender("feedline", "raw" if name == "raw" else "jpeg", data[name if name == "raw" else "jpeg"],
@@ -217,12 +246,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                                "settings": {k: getattr(args, k) for k in ("workers", "batch_size", "seconds",
                                                                           "rounds", "e2e_workers", "e2e_steps",
-                                                                          "e2e_rounds", "raw_samples",
-                                                                          "jpeg_samples")},
+                                                                          "e2e_rounds", "e2e_batch_sizes",
+                                                                          "raw_samples", "jpeg_samples")},
                                "steps": _steps(args.steps), "sections": {}}
     sections = results["sections"]
     t0 = time.monotonic()
-    data = datasets(args.raw_samples, args.jpeg_samples, args.e2e_workers * args.e2e_batch_size, args.cache_dir)
+    batches = [int(b) for b in str(args.e2e_batch_sizes).split(",")]
+    data = datasets(args.raw_samples, args.jpeg_samples, args.e2e_workers * max(batches), args.cache_dir)
     results["datasets_seconds"] = round(time.monotonic() - t0, 1)
     if (args.dry_run or not cuda) and not args.rehearse:
         for name in SECTIONS:
@@ -244,9 +274,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 if name == "h2d":
                     sections[name] = _section_h2d(args, sections.get("raw"))
+                elif name == "e2e":  # the launch-bound batch, taken apart in the same run
+                    sections[name] = _section_e2e(args, data, batches[0], diagnose=True)
+                elif name == "e2e-256":
+                    sections[name] = _section_e2e(args, data, batches[-1], diagnose=False)
                 else:
-                    sections[name] = {"raw": _section_raw, "decode": _section_decode,
-                                      "e2e": _section_e2e}[name](args, data)
+                    sections[name] = {"raw": _section_raw, "decode": _section_decode}[name](args, data)
             except Exception as exc:  # one section's failure must not lose the others' figures
                 sections[name] = {"failed": f"{type(exc).__name__}: {exc}"[-2000:]}
             if not cuda:
@@ -311,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jpeg-samples", type=int, default=2048)
     p.add_argument("--e2e-model", choices=("resnet50", "tiny"), default="resnet50")
     p.add_argument("--e2e-workers", type=int, default=max(1, cpus - 4))
-    p.add_argument("--e2e-batch-size", type=int, default=256)
+    p.add_argument("--e2e-batch-sizes", default="32,256", help="the e2e section's batch, then e2e-256's")
     p.add_argument("--e2e-steps", type=int, default=30)
     p.add_argument("--e2e-rounds", type=int, default=2)
     p.add_argument("--cache-dir", default=os.path.join("build", "gpu-check", "cache"))
@@ -319,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rehearse:  # the commands, not a measurement: as short as they go
         args.rounds = args.e2e_rounds = 1
         args.seconds, args.warmup, args.e2e_steps, args.e2e_model = 0.5, 0.0, 2, "tiny"
-        args.e2e_batch_size, args.workers, args.e2e_workers = 8, min(args.workers, 2), min(args.e2e_workers, 2)
+        args.e2e_batch_sizes, args.workers, args.e2e_workers = "8,16", min(args.workers, 2), min(args.e2e_workers, 2)
     results = run(args)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:

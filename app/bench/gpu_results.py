@@ -10,7 +10,8 @@ TARGETS = {
     "raw": "feedline >= 5x DataLoader (pinned, non_blocking) samples/s, the training process's CPU <= 10 % of a core",
     "decode": "device_decode >= 2x CPU decode samples/s, the same workers",
     "h2d": "the loader's copies against torch's own pinned copy bandwidth (a row)",
-    "e2e": "ResNet-50 step fed by feedline within 5 % of synthetic data on the device",
+    "e2e": "ResNet-50 step fed by feedline within 5 % of synthetic data on the device, batch 32 (launch-bound)",
+    "e2e-256": "ResNet-50 step fed by feedline within 5 % of synthetic data on the device, batch 256",
 }
 SECTIONS = tuple(TARGETS)
 PROFILE_SECONDS = 5.0  # py-spy samples a contender's timed part this long
@@ -36,20 +37,23 @@ def markdown(results: dict[str, Any]) -> str:
         out.append(f"| {name} | {TARGETS[name]} | {run_.replace('|', '/')} | {met} |")
     why = results["sections"].get("e2e", {}).get("why")
     if why:
-        out += ["", "Why e2e missed (each once; the trace: torch's profiler over 4 more steps):", "",
-                "| contender | samples/s | starvation | GPU wait for copies | wall ms a step | device ms a step "
-                "| most device time |", "|---|---:|---:|---:|---:|---:|---|"]
+        out += ["", "The e2e step taken apart (each once; the trace: torch's profiler over 4 more steps; the loader's "
+                "own counters a batch: its CPU in the training process, wake-ups, device calls on the loop's thread):",
+                "", "| contender | samples/s | starvation | GPU wait for copies | wall ms a step | device ms a step "
+                "| loader CPU ms a batch | wake-ups | loop's device calls | most device time |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for row, r in why.items():
             if "failed" in r:
-                out.append(f"| {row} | FAILED: {r['failed'][:200].replace('|', '/')} | | | | | |")
+                out.append(f"| {row} | FAILED: {r['failed'][:200].replace('|', '/')} | | | | | | | | |")
                 continue
-            t = r.get("trace", {})
+            t, cost = r.get("trace", {}), r.get("cost", {})
             top = "; ".join(f"{k[:50]} {ms:.2f} ms" for k, ms, _ in t.get("top", [])[:2]).replace("|", "/")
             copy_wait = f"{r['gpu_copy_wait']:.1%}" if "gpu_copy_wait" in r else "—"
+            counted = (f"{cost['cpu_seconds'] * 1e3:.3f} | {cost['wakeups']:.2f} | {cost['device_calls_loop']:.2f}"
+                       if cost else "— | — | —")
             out.append(f"| {row} | {r['samples_per_s']:.0f} | {r['starvation']:.1%} | {copy_wait} | "
                        f"{t.get('wall_ms_per_step', float('nan')):.1f} | "
-                       f"{t.get('device_ms_per_step', float('nan')):.1f}"
-                       f" | {top or '—'} |")
+                       f"{t.get('device_ms_per_step', float('nan')):.1f} | {counted} | {top or '—'} |")
     profiled = [(name, s["profile"]) for name in SECTIONS if "profile" in (s := results["sections"].get(name, {}))]
     if results.get("profiles_failed"):
         out += ["", f"The profiles failed: {results['profiles_failed'][:500]}"]

@@ -5,10 +5,11 @@ On a GPU a small model's step is bound by the thread that launches its kernels: 
 operations with a little Python between them, every one dropping and retaking the GIL. Whatever a loader
 runs in the training process — a thread woken per batch, work inside ``next()`` — slows that thread though
 no batch is ever late; the starvation figure cannot show it. This row measures it on any machine: the step
-is a chain of tiny torch operations on the CPU (``--ops`` of them, about 8 ms), timed alone, step by step,
-while the loader runs (``feedline``, ``dataloader``) or with no loader at all (``fixed``). Both time only the
-step. On a 2-core host the workers also compete with it for the cores: read it beside the training
-process's CPU a batch, which this prints too.
+is a chain of tiny torch operations on the CPU (``--ops`` of them, about 8 ms), timed alone, step by step, in
+turns of a quarter second: on the loader's batches, then on one fixed batch made once, and so on, in one
+process, so that both see the same machine (its other tenants, its clock). Both time only the step. On a
+2-core host the workers also compete with it for the cores: read it beside the training process's CPU a
+batch, which this prints too.
 """
 
 from __future__ import annotations
@@ -67,17 +68,12 @@ def calibrate(device: torch.device, batch_size: int, target_ms: float = TARGET_M
     return ops
 
 
+TURN = 0.25  # seconds of steps on one feed before the other's turn
+
+
 def _batches(args: argparse.Namespace) -> tuple[Iterator[dict[str, Any]], Any]:
-    """The batches of MODE, endlessly, and the loader (for its cost) or None."""
+    """The batches of MODE, endlessly, and the loader."""
     shards = sorted(glob.glob(args.shards))
-    if args.mode == "fixed":
-        fixed = {"bin": torch.randint(0, 255, (args.batch_size, args.sample_bytes), dtype=torch.uint8)}
-
-        def same() -> Iterator[dict[str, Any]]:
-            while True:
-                yield fixed
-
-        return same(), None
     if args.mode == "dataloader":
         from .contenders import TarShards
         from .samples import Convert
@@ -107,32 +103,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     step = make_step(args.ops, device)
     batches, loader = _batches(args)
-    times: list[float] = []
-    t_end = None
-    cost_before = None
-    cpu0 = wall0 = 0.0
-    for n, batch in enumerate(batches):
-        x = as_input(batch, device)
-        t0 = time.perf_counter()
-        step(x)
-        if device.type == "cuda":
-            torch.cuda.current_stream().synchronize()
-        elapsed = time.perf_counter() - t0
-        if n == args.warmup_steps:
-            t_end = time.perf_counter() + args.seconds
-            cpu0, wall0 = time.process_time(), time.perf_counter()
-            cost_before = loader.cost() if hasattr(loader, "cost") else None
-        elif t_end is not None:
-            times.append(elapsed)
-            if time.perf_counter() >= t_end:
-                break
-    out: dict[str, Any] = {"mode": args.mode, "ops": args.ops, "steps": len(times),
-                           "step_ms": statistics.median(times) * 1e3, "step_ms_mean": statistics.fmean(times) * 1e3,
+    sync = torch.cuda.current_stream().synchronize if device.type == "cuda" else (lambda: None)
+    fixed = as_input({"bin": torch.randint(0, 255, (args.batch_size, 64), dtype=torch.uint8)}, device)
+    for _ in range(args.warmup_steps):  # the loader and the kernels warm
+        step(as_input(next(batches), device))
+        step(fixed)
+    sync()
+    times: dict[bool, list[float]] = {True: [], False: []}  # fed: the loader's batches; else the fixed batch
+    cost_before = loader.cost() if hasattr(loader, "cost") else None
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    deadline = wall0 + args.seconds
+    fed = True
+    while time.perf_counter() < deadline or not times[False]:
+        turn_end = time.perf_counter() + TURN
+        while time.perf_counter() < turn_end:
+            x = as_input(next(batches), device) if fed else fixed
+            t0 = time.perf_counter()
+            step(x)
+            sync()
+            times[fed].append(time.perf_counter() - t0)
+        fed = not fed
+    step_ms, fixed_ms = statistics.median(times[True]) * 1e3, statistics.median(times[False]) * 1e3
+    out: dict[str, Any] = {"mode": args.mode, "ops": args.ops, "steps": len(times[True]), "step_ms": step_ms,
+                           "fixed_step_ms": fixed_ms, "speed": fixed_ms / step_ms,
+                           "samples_per_s": args.batch_size * 1e3 / step_ms,  # what the step alone would run at
                            "process_cpu_pct": 100.0 * (time.process_time() - cpu0) / (time.perf_counter() - wall0)}
     if cost_before is not None:
-        spent = loader.cost().since(cost_before)
-        out["trainer_ms_per_batch"] = spent.per_batch()["cpu_seconds"] * 1e3
-        out["wakeups_per_batch"] = spent.per_batch()["wakeups"]
+        spent = loader.cost().since(cost_before).per_batch()
+        out["trainer_ms_per_batch"] = spent["cpu_seconds"] * 1e3
+        out["wakeups_per_batch"] = spent["wakeups"]
     if hasattr(loader, "close"):
         loader.close()
     return out
@@ -140,14 +139,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=("fixed", "feedline", "dataloader", "calibrate"))
+    p.add_argument("mode", choices=("feedline", "dataloader", "calibrate"))
     p.add_argument("--shards", default="")
     p.add_argument("--ops", type=int, default=0, help="the step's operations (0: calibrate to about 8 ms first)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--sample-bytes", type=int, default=3 * 64 * 64)
     p.add_argument("--seconds", type=float, default=4.0)
-    p.add_argument("--warmup-steps", type=int, default=20)
+    p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--device", choices=("auto", "cpu", "cuda", "standin"), default="auto")
     p.add_argument("--transfer-threads", type=int, default=None)
     p.add_argument("--h2d", choices=("slot", "fields"), default="slot")

@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-METRICS = ("samples_per_s", "mb_per_s", "main_cpu_pct", "starvation", "draft_samples_per_s")
+METRICS = ("samples_per_s", "mb_per_s", "main_cpu_pct", "starvation", "draft_samples_per_s", "trainer_ms_per_batch",
+           "step_ms", "speed")
 
 
 @dataclass(frozen=True)

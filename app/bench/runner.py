@@ -24,6 +24,7 @@ from ..api.config import parse_size
 from ..demo.datasets import make_dataset
 from ..preflight import pil_is_simd
 from .report import CEILING, SHARD_ORDER, STREAM_ORDER, render_markdown, targets
+from .targets import SMALL_BYTES, STANDIN_ROWS
 from .sections import SECTIONS, keep_earlier_sections
 from .shuffle_section import Runners, shuffle_workload
 from .rounds import AGAINST_DRAFT, Contender, interleaved, split_against_draft
@@ -52,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--raw-samples", type=int, default=1024, help="1 MiB samples in the raw workload")
     p.add_argument("--jpeg-samples", type=int, default=4000)
     p.add_argument("--sample-size", default="1MiB")
-    p.add_argument("--workloads", default="raw,jpeg,captioned,scaling,sampler,distributed,e2e,shuffle")
+    p.add_argument("--small-samples", type=int, default=20000, help="3x64x64 samples in the small workload")
+    p.add_argument("--workloads", default="raw,small,jpeg,captioned,scaling,sampler,distributed,e2e,shuffle,launch")
     p.add_argument("--e2e-model", choices=("resnet50", "tiny"), default="resnet50",
                    help="e2e: the training step's model (tiny: a CPU check of the path, not a measurement)")
     p.add_argument("--e2e-steps", type=int, default=50, help="e2e: timed steps per run")
@@ -211,11 +213,14 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             if workload in SECTIONS:  # a section of its own, not a loader workload's rows
                 results[workload] = {"sampler": _sampler_workload, "distributed": _distributed_workload,
                                      "scaling": _scaling_workload, "e2e": _e2e_workload,
-                                     "shuffle": _shuffle_workload}[workload](args, shm_root)
+                                     "shuffle": _shuffle_workload, "launch": _launch_workload}[workload](args, shm_root)
                 continue
-            count = args.raw_samples if workload == "raw" else args.jpeg_samples // (2 if workload == "captioned"
-                                                                                     else 1)
-            src = _dataset(workload, count, parse_size(args.sample_size), args.cache_dir)
+            if workload == "small":  # 3x64x64 samples: the training process's share a batch (issue 60)
+                src = _dataset("raw", args.small_samples, SMALL_BYTES, args.cache_dir)
+            else:
+                count = args.raw_samples if workload == "raw" else args.jpeg_samples // (2 if workload == "captioned"
+                                                                                         else 1)
+                src = _dataset(workload, count, parse_size(args.sample_size), args.cache_dir)
             peers = _peers_python(args) if workload in ("raw", "jpeg") else None
             if peers:
                 _peer_formats(src, workload, peers)
@@ -231,6 +236,18 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(shm_root, ignore_errors=True)
     results["targets"] = targets(results, args.workers)
     return results
+
+
+def _launch_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
+    from .launch_section import launch_workload
+
+    src = _dataset("raw", args.small_samples, SMALL_BYTES, args.cache_dir)
+    dst = os.path.join(shm_root, "launch")
+    shutil.copytree(src, dst)
+    try:
+        return launch_workload(args, os.path.join(dst, "*.tar"), _run_json)
+    finally:
+        shutil.rmtree(dst)
 
 
 def _shuffle_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
@@ -267,6 +284,11 @@ def _contenders(workload: str, shards: str, args: argparse.Namespace, peers: str
                      c(STREAM_ORDER, "feedline", "--zero-copy", "--shuffle", "stream")]
     if workload == "raw":
         return feedline + [c("DataLoader", "dataloader"), c("webdataset + DataLoader", "webdataset"), *others]
+    if workload == "small":
+        small = ("--sample-bytes", str(SMALL_BYTES))
+        return [c("feedline (zero-copy)", "feedline", "--zero-copy", *small), c("feedline (copy)", "feedline", *small),
+                *[c(row, "feedline", *small, "--device", "standin", *extra) for row, extra in STANDIN_ROWS.items()],
+                c("DataLoader", "dataloader", *small)]
     if workload == "captioned":
         return feedline + [c("webdataset + DataLoader", "webdataset"),
                            c("DataLoader + hand-written collate", "dataloader")]

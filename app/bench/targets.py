@@ -1,0 +1,238 @@
+"""The issues' performance targets, checked against one bench run's ratios (``report.py`` renders them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .rounds import fmt_ratio, ratio
+
+CEILING = "synthetic, on the device (the ceiling)"  # the e2e row the others are compared with
+SHARD_ORDER = "feedline (zero-copy, shard order: before the epoch shuffle)"  # issue 50's "today's" rows
+STREAM_ORDER = 'feedline (zero-copy, shuffle="stream")'
+
+
+def _pct(row: dict[str, Any], metric: str = "main_cpu_pct") -> str:
+    """``12.5 %`` with the rounds' range where there were several."""
+    lo, hi = row.get("range", {}).get(metric, (row[metric], row[metric]))
+    return f"{row[metric]:.1f} %" + (f" ({lo:.1f}-{hi:.1f})" if hi > lo else "")
+
+
+SMALL_BYTES = 3 * 64 * 64  # the small workload's samples (issue 60's figure: a batch of 32 of them)
+STANDIN = "feedline (device path on the stand-in)"  # transfer_threads=0, h2d="slot": the default CUDA path
+STANDIN_ROWS = {  # the device path run against the stand-in device (device="standin"), each way it can run
+    STANDIN: (),
+    "feedline (device path on the stand-in, 1 transfer thread)": ("--transfer-threads", "1"),
+    "feedline (device path on the stand-in, h2d=fields: the path before it)": ("--transfer-threads", "1",
+                                                                               "--h2d", "fields"),
+}
+
+
+def _ms(row: dict[str, Any]) -> str:
+    """The training process's CPU a batch, ms, with the rounds' range."""
+    v = row["trainer_ms_per_batch"]
+    lo, hi = row.get("range", {}).get("trainer_ms_per_batch", (v, v))
+    return f"{v:.3f} ms" + (f" ({lo:.3f}-{hi:.3f})" if hi > lo else "")
+
+
+def _small_targets(rows: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 60: the training process's CPU a batch of 32 3x64x64 samples, next() and every other thread."""
+    out = []
+    zc, dl, dev = rows.get("feedline (zero-copy)"), rows.get("DataLoader"), rows.get(STANDIN)
+    if zc and "trainer_ms_per_batch" in zc:
+        base = f"; DataLoader {_ms(dl)}" if dl and "trainer_ms_per_batch" in dl else ""
+        out.append({"target": "small 3x64x64: the training process's CPU a batch of 32, feedline zero-copy "
+                              "<= 0.15 ms (next() and every other thread)", "value": _ms(zc) + base,
+                    "met": zc["trainer_ms_per_batch"] <= 0.15})
+    if dev and "trainer_ms_per_batch" in dev:
+        out.append({"target": "small 3x64x64: the device path (transfer_threads=0, h2d=slot) on the stand-in "
+                              "device <= 0.25 ms a batch", "value": _ms(dev), "met": dev["trainer_ms_per_batch"] <= 0.25})
+    for row, extra in STANDIN_ROWS.items():
+        if extra and row in rows and "trainer_ms_per_batch" in rows[row]:
+            out.append({"target": f"small 3x64x64: {row.removeprefix('feedline ')} (a row)",
+                        "value": _ms(rows[row]), "met": None})
+    return out
+
+
+def _peer_targets(rows: dict[str, Any], workload: str, metric: str,
+                  least: dict[str, float], ours: str = "feedline (zero-copy)") -> list[dict[str, Any]]:
+    """feedline (``ours``) against each peer loader that ran (issues 35, 36): at least ``least[row]`` times its
+    rate."""
+    out = []
+    for row, k in least.items():
+        if row in rows and ours in rows:
+            r = ratio(rows[ours], rows[row], metric)
+            unit = "MB/s" if metric == "mb_per_s" else "samples/s"
+            mine = "" if ours == "feedline (zero-copy)" else f"{ours} "
+            out.append({"target": f"{workload}: {mine}>= {k:g}x {row} {unit}",
+                        "value": fmt_ratio(r), "met": r[0] >= k})
+    return out
+
+
+def _file_targets(rows: dict[str, Any], workload: str, metric: str, least: float) -> list[dict[str, Any]]:
+    """feedline on TFRecord and Parquet files against tf.data and HF datasets on the same files (issue 36): at
+    least ``least`` times their rate, at <= 10 % of a core in the training process."""
+    out = []
+    for ours, peer in (("feedline (TFRecord)", "tf.data (TFRecord)"),
+                       ("feedline (Parquet)", "HF datasets + DataLoader (Parquet)")):
+        out += _peer_targets(rows, workload, metric, {peer: least}, ours)
+        if ours in rows and peer in rows:
+            out.append({"target": f"{workload}: {ours} main-process CPU <= 10 % of a core", "value": _pct(rows[ours]),
+                        "met": rows[ours]["main_cpu_pct"] <= 10})
+    return out
+
+
+def _order_targets(rows: dict[str, Any], workload: str, metric: str) -> list[dict[str, Any]]:
+    """Issue 50: the default epoch shuffle (the feedline rows) within 5 % of the order the rows had before it."""
+    ours, before, stream = rows["feedline (zero-copy)"], rows.get(SHARD_ORDER), rows.get(STREAM_ORDER)
+    if not before:
+        return []
+    r = ratio(ours, before, metric)
+    value = f"{100 * r[0]:.0f} % ({100 * r[1]:.0f}-{100 * r[2]:.0f})"
+    if stream:
+        s = ratio(ours, stream, metric)
+        value += f"; vs the stream order {100 * s[0]:.0f} % ({100 * s[1]:.0f}-{100 * s[2]:.0f})"
+    unit = {"mb_per_s": "MB/s", "samples_per_s": "samples/s"}[metric]
+    return [{"target": f"{workload}: the default epoch shuffle >= 95 % of the shard order's {unit} "
+                       "(the rows before it)", "value": value, "met": r[0] >= 0.95}]
+
+
+def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
+    """The issue's performance targets, checked against this run's ratios."""
+    out = []
+    raw = results["workloads"].get("raw")
+    if raw:
+        zc, cp, dl = raw["feedline (zero-copy)"], raw["feedline (copy)"], raw["DataLoader"]
+        r = ratio(zc, dl, "mb_per_s")
+        out.append({"target": "raw 1 MiB: >= 5x DataLoader MB/s", "value": fmt_ratio(r, 1), "met": r[0] >= 5})
+        out.append({"target": "raw 1 MiB: main-process CPU <= 10 % of a core", "value": _pct(zc),
+                    "met": zc["main_cpu_pct"] <= 10})
+        r = ratio(cp, zc, "mb_per_s")
+        out.append({"target": "raw 1 MiB: copy mode >= 80 % of zero-copy MB/s",
+                    "value": f"{100 * r[0]:.0f} % ({100 * r[1]:.0f}-{100 * r[2]:.0f})", "met": r[0] >= 0.8})
+        out.append({"target": "raw 1 MiB: copy mode main-process CPU <= 15 % of a core", "value": _pct(cp),
+                    "met": cp["main_cpu_pct"] <= 15})
+        out += _peer_targets(raw, "raw 1 MiB", "mb_per_s", {"Mosaic Streaming + DataLoader": 3.0,
+                                                             "LitData StreamingDataLoader": 3.0})
+        out += _file_targets(raw, "raw 1 MiB", "mb_per_s", 3.0)
+        out += _order_targets(raw, "raw 1 MiB", "mb_per_s")
+    small = results["workloads"].get("small")
+    if small:
+        out += _small_targets(small)
+    jpeg = results["workloads"].get("jpeg")
+    if jpeg:
+        fl = jpeg["feedline (zero-copy)"]
+        r = ratio(fl, jpeg["DataLoader + stock Pillow"])
+        out.append({"target": "JPEG: >= 1.5x DataLoader + stock Pillow samples/s", "value": fmt_ratio(r),
+                    "met": r[0] >= 1.5})
+        r = ratio(fl, jpeg["DataLoader + pillow-simd"])
+        out.append({"target": "JPEG: >= 1.2x DataLoader + pillow-simd samples/s", "value": fmt_ratio(r),
+                    "met": r[0] >= 1.2})
+        out += _peer_targets(jpeg, "JPEG", "samples_per_s", {"Mosaic Streaming + DataLoader": 1.8,
+                                                             "LitData StreamingDataLoader": 1.4})
+        out += _file_targets(jpeg, "JPEG", "samples_per_s", 1.5)
+        out += _order_targets(jpeg, "JPEG", "samples_per_s")
+        mix = jpeg.get("feedline (two-source mix)")
+        if mix:
+            r = ratio(mix, fl)
+            out.append({"target": "JPEG: a two-source mixture >= 95 % of one source's samples/s (the same data)",
+                        "value": f"{100 * r[0]:.0f} % ({100 * r[1]:.0f}-{100 * r[2]:.0f})", "met": r[0] >= 0.95})
+        pil_core, core = jpeg["1 core, draft"], jpeg.get("1 core, crop decoder", jpeg["1 core, draft"])
+        if "1 core, crop decoder" in jpeg:
+            r = ratio(core, pil_core)
+            out.append({"target": "JPEG: decode + RandomResizedCrop per core, the crop decoder >= 1.4x Pillow's "
+                                  "draft decode (the same boxes)", "value": fmt_ratio(r), "met": r[0] >= 1.4})
+        share = _share(fl, core, workers)
+        out.append({"target": f"JPEG: >= 90 % of {workers} workers x the single-core decode+crop rate",
+                    "value": f"{100 * share[0]:.0f} % ({100 * share[1]:.0f}-{100 * share[2]:.0f}; "
+                             f"{fl['samples_per_s']:.0f} of {workers} x {core['samples_per_s']:.0f})",
+                    "met": share[0] >= 0.9})
+    cap = results["workloads"].get("captioned")
+    if cap:
+        fl, wd = cap["feedline (zero-copy)"], cap["webdataset + DataLoader"]
+        out.append({"target": "JPEG + caption + JSON: feedline vs webdataset + DataLoader (a row, no target)",
+                    "value": f"{fmt_ratio(ratio(fl, wd))} samples/s; main CPU "
+                             f"{fl['main_cpu_pct']:.1f} % vs {wd['main_cpu_pct']:.1f} %", "met": None})
+    sc = results.get("scaling")
+    if sc:
+        shares = _scaling(sc)
+        upto = max(1, sc["cpus"] - 2)
+        out.append({"target": f"JPEG decode scaling: >= 90 % of workers x the single-core rate up to cores - 2 "
+                              f"workers ({upto} here)",
+                    "value": "; ".join(f"{w}: {100 * m:.0f} %" for w, (m, _, _) in shares.items()),
+                    "met": all(m >= 0.9 for w, (m, _, _) in shares.items() if w <= upto)})
+    sb = results.get("sampler")
+    if sb:
+        f = sb["fill"]
+        out.append({"target": f"sampler: fill >= 1 GB/s from loopback HTTP with {f['threads']} fetch threads, "
+                              f"and >= curl",
+                    "value": f"{f['sampler_gb_per_s']:.2f} GB/s ({f['sampler_gb_per_s'] / f['curl_gb_per_s']:.2f}x "
+                             f"curl --parallel-max {f['threads']}: {f['curl_gb_per_s']:.2f} GB/s)",
+                    "met": f["sampler_gb_per_s"] >= 1.0 and f["sampler_gb_per_s"] >= f["curl_gb_per_s"]})
+        if "urllib_gb_per_s" in f:
+            out.append({"target": "sampler: fill vs the standard library's plain parallel download (urllib, a row)",
+                        "value": f"{f['sampler_gb_per_s'] / f['urllib_gb_per_s']:.2f}x "
+                                 f"({f['urllib_gb_per_s']:.2f} GB/s)", "met": None})
+        if "s3" in sb:
+            s3 = sb["s3"]
+            out.append({"target": "sampler: fill from a local S3 server vs boto3's own parallel download (a row)",
+                        "value": f"{s3['sampler_mb_per_s'] / s3['boto3_mb_per_s']:.2f}x ({s3['sampler_mb_per_s']:.0f} "
+                                 f"vs {s3['boto3_mb_per_s']:.0f} MB/s)", "met": None})
+        for name, store in (("gcs", "fake-gcs-server"), ("azure", "Azurite")):
+            c = sb.get(name)
+            if c:
+                out.append({"target": f"sampler: fill from {store} (loopback) >= 1.5x {c['sdk']}'s own download, "
+                                      f"same objects, as many threads",
+                            "value": f"{c['ratio']:.2f}x ({c['sampler_mb_per_s']:.0f} vs {c['sdk_mb_per_s']:.0f} MB/s)",
+                            "met": c["ratio"] >= 1.5})
+        t = sb["training"]
+        share = t.get("ratio", t["filling"]["samples_per_s"] / t["prefilled"]["samples_per_s"])
+        spread = (f"; median of {t['rounds']} rounds: " + ", ".join(f"{100 * r:.0f}" for r in t["ratios"]) + " %"
+                  if "ratios" in t else "")
+        out.append({"target": "training while the sidecar fills: within 10 % of a pre-filled cache",
+                    "value": f"{100 * share:.0f} % ({t['filling']['samples_per_s']:.0f} vs "
+                             f"{t['prefilled']['samples_per_s']:.0f} samples/s{spread})", "met": share >= 0.9})
+    dist = results.get("distributed")
+    if dist:
+        one, two = dist["1x4"], dist["2x2"]
+        out.append({"target": "2 simulated nodes x 2 ranks vs 1 node x 4 ranks, same machine (a row)",
+                    "value": f"{two['samples_per_s'] / one['samples_per_s']:.2f}x ({two['samples_per_s']:.0f} vs "
+                             f"{one['samples_per_s']:.0f} samples/s)", "met": None})
+    e2e = results.get("e2e", {}).get("rows")
+    if e2e and results["e2e"]["model"] == "resnet50":
+        r = ratio(e2e["feedline"], e2e[CEILING])
+        out.append({"target": "e2e: ResNet-50 step fed by feedline within 5 % of synthetic data on the device",
+                    "value": f"{100 * r[0]:.0f} % ({100 * r[1]:.0f}-{100 * r[2]:.0f}) of the ceiling, starvation "
+                             f"{e2e['feedline'].get('starvation', 0):.2f}", "met": r[0] >= 0.95})
+    shuffled = {r["label"]: r for r in results.get("shuffle", {}).get("rows", [])}
+    ours, stream = shuffled.get("feedline (default: the epoch, by blocks)"), shuffled.get('feedline shuffle="stream"')
+    if ours:
+        out.append({"target": "shuffle: a class-sorted dataset's batches >= 95 % of a uniform shuffle's distinct "
+                              "classes and Spearman within ±0.05",
+                    "value": f"{100 * ours['distinct'] / ours['uniform']:.0f} %, {ours['spearman']:+.2f}",
+                    "met": ours["distinct"] >= 0.95 * ours["uniform"] and abs(ours["spearman"]) <= 0.05})
+    if ours and stream:
+        out.append({"target": "shuffle: the epoch order's samples/s vs the stream order's, 64-byte samples (a row)",
+                    "value": f"{ours['samples_per_s'] / stream['samples_per_s']:.2f}x", "met": None})
+    if results.get("launch"):
+        from .launch_section import launch_targets
+
+        out += launch_targets(results["launch"])
+    cc = results.get("cuda_copy")
+    if cc and raw:
+        row = raw["feedline (copy)"]
+        out.append({"target": "CUDA: H2D GB/s of the loader's copies vs torch's pinned copy bandwidth",
+                    "value": f"{row.get('h2d_gb_per_s', 0):.1f} of {cc['pinned_gb_per_s']:.1f} GB/s while copying "
+                             f"(delivering {row['mb_per_s'] / 1e3:.1f} GB/s end to end)", "met": None})
+    return out
+
+
+def _share(row: dict[str, Any], single: dict[str, Any], workers: int) -> tuple[float, float, float]:
+    """``row``'s samples/s over ``workers`` x one core's rate: the median of per-round ratios, min, max."""
+    m, lo, hi = ratio(row, single)
+    return m / workers, lo / workers, hi / workers
+
+
+def _scaling(sc: dict[str, Any]) -> dict[int, tuple[float, float, float]]:
+    """Per worker count, its share of workers x one core's rate."""
+    single = sc["rows"].get("1 core, crop decoder") or sc["rows"]["1 core, draft"]  # runs before 2026-11-26
+    return {w: _share(sc["rows"][f"{w} workers"], single, w) for w in sc["workers"]}
