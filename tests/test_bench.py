@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from feedline.bench.report import SHARD_ORDER, STREAM_ORDER
-from feedline.bench.targets import STANDIN
+from feedline.bench.small import STANDIN
 
 # heavy: scripts/test runs these beside the soak (tests/conftest.py); under pytest-xdist, in one worker: they make
 # the benchmark's datasets in .cache/bench, once each, and would otherwise make the same one at once

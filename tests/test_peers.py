@@ -23,16 +23,16 @@ def peers_run(tmp_path_factory):
     contender from .venv-peers, reporting its first epoch: every label, the samples' shapes, its versions."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from feedline.bench import runner
+    from feedline.bench import contend
 
     d = tmp_path_factory.mktemp("peers")
     for k in range(2):
         write_tar(str(d / f"p-{k}.tar"), [(f"k{k}{i:03d}", {"jpg": jpeg_bytes(k * 100 + i, (48, 40)),
                                                             "cls": str(k * 100 + i).encode()}) for i in range(20)])
-    runner._peer_formats(str(d), "jpeg", PEERS_PY)
+    contend._peer_formats(str(d), "jpeg", PEERS_PY)
     args = argparse.Namespace(workers=1, batch_size=8, seconds=0.5, sample_size="1MiB")
     with ThreadPoolExecutor(2) as pool:  # side by side: each is mostly its imports
-        got = list(pool.map(lambda peer: runner._peer_contender(peer, "jpeg", str(d), args, PEERS_PY, None,
+        got = list(pool.map(lambda peer: contend._peer_contender(peer, "jpeg", str(d), args, PEERS_PY, None,
                                                                 "--image-size", "32", "--report-epoch"), EVERY))
     return {"root": d, **dict(zip(EVERY, got))}
 
@@ -99,9 +99,9 @@ def test_the_peer_targets_are_feedlines_ratios_to_each_peer_row():
 
 
 def test_bench_refuses_peers_on_without_their_venv(tmp_path):
-    run = subprocess.run([sys.executable, "-c", "import sys, argparse; from feedline.bench import runner; "
-                                                "runner.PEERS_VENV = sys.argv[1]; "
-                                                "runner._peers_python(argparse.Namespace(peers='on'))", str(tmp_path)],
+    run = subprocess.run([sys.executable, "-c", "import sys, argparse; from feedline.bench import contend; "
+                                                "contend.PEERS_VENV = sys.argv[1]; "
+                                                "contend._peers_python(argparse.Namespace(peers='on'))", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and "run ./scripts/setup-peers" in run.stderr
 

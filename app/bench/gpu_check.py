@@ -65,7 +65,7 @@ def _bench_args(args: argparse.Namespace, workers: int) -> argparse.Namespace:
 
 
 def _contender(row: str, workload: str, shards: str, ns: argparse.Namespace, *extra: str) -> Contender:
-    from .runner import _contender as run_one
+    from .contend import _contender as run_one
 
     feedline = row.startswith("feedline")
     if feedline and ns.standin:  # a rehearsal without CUDA: the device path's code, on the stand-in
@@ -99,7 +99,7 @@ def _section_decode(args: argparse.Namespace, data: dict[str, str]) -> dict[str,
 
 
 def _section_h2d(args: argparse.Namespace, raw: dict[str, Any] | None) -> dict[str, Any]:
-    from .runner import _cuda_copy_bandwidth
+    from .contend import _cuda_copy_bandwidth
 
     torch_copy = _cuda_copy_bandwidth()
     assert torch_copy is not None
@@ -118,7 +118,7 @@ def _section_h2d(args: argparse.Namespace, raw: dict[str, Any] | None) -> dict[s
 
 def _section_e2e(args: argparse.Namespace, data: dict[str, str], batch: int, diagnose: bool) -> dict[str, Any]:
     from .report import CEILING
-    from .runner import _run_json
+    from .contend import _run_json
 
     def c(row: str, feed: str, *extra: str) -> Contender:
         cmd = _e2e_cmd(args, data, feed, args.e2e_steps, batch, *extra)
@@ -148,7 +148,7 @@ def _e2e_why(args: argparse.Namespace, data: dict[str, str], batch: int) -> dict
     device time against its wall time): a loader running beside the synthetic step (does its mere presence slow
     the step?), transfer threads 1 and 2 and the path before h2d="slot" against the default (no thread), and
     the interpreter's switch interval (how often a thread that wants the GIL takes it from the loop)."""
-    from .runner import _run_json
+    from .contend import _run_json
 
     out = {}
     for row, (feed, *extra) in DIAGNOSIS.items():
@@ -175,7 +175,7 @@ def _profiles(args: argparse.Namespace, data: dict[str, str], sections: dict[str
     """Each measured section's feedline contender once more, under py-spy, the missed targets first, while the
     check's budget lasts: where its CPU went comes back in the same run (``profiles.md``)."""
     from . import pyspy
-    from .runner import _contender
+    from .contend import _contender
 
     ran = [n for n in ("raw", "decode", "e2e") if "rows" in sections.get(n, {})]
     ran.sort(key=lambda n: sections[n].get("met") is not False)  # the missed ones first

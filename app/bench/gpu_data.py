@@ -11,7 +11,7 @@ import sys
 def datasets(raw_samples: int, jpeg_samples: int, e2e_workers_x_batch: int, cache_dir: str) -> dict[str, str]:
     """The raw and JPEG shards on local disk, made once (the JPEG photos come from the carried scikit-image
     wheel: the machine reaches no registry); ``e2e_workers_x_batch``: the e2e section's workers x batch size."""
-    from .runner import _dataset
+    from .contend import _dataset
 
     raw = _dataset("raw", raw_samples, 1 << 20, cache_dir)
     # DataLoader's e2e workers each batch their own shards and drop the partial batch: three batches a worker
@@ -50,7 +50,7 @@ def _jpeg_part(job: tuple[str, str, int, int]) -> None:
 
 def to_shm(data: dict[str, str], root: str) -> dict[str, str]:
     """The datasets copied under ``root`` in /dev/shm: the run reads memory, not the machine's disk."""
-    from .runner import _PEER_DIRS
+    from .contend import _PEER_DIRS
 
     out = {}
     for name, pattern in data.items():

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .rounds import Contender, interleaved
-from .targets import SMALL_BYTES, STANDIN_ROWS
+from .small import SMALL_BYTES, STANDIN_ROWS
 
 def launch_workload(args: argparse.Namespace, shards: str, run_json: Callable[..., dict[str, Any]]
                     ) -> dict[str, Any]:
