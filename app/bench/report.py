@@ -52,8 +52,9 @@ FILES_NOTE = ("TFRecord and Parquet (issue 36): the same samples, one file per t
 SMALL_NOTE = ("The last column is the training process's CPU a batch that is the loader's: the loop's thread inside "
               "`next()` (and, for a baseline on a GPU host, its own copy to the device) plus every other thread of "
               "the process, over the timed part (DESIGN.md, \"The training process's share\"). The stand-in rows run "
-              "the CUDA path's code on this CPU against a stand-in device (`device=\"standin\"`): its copies are "
-              "host memcpys a DMA engine would do on a GPU, its calls counted as CUDA's are.")
+              "the CUDA path's code on this CPU against a stand-in device (`device=\"standin\"`): its calls are counted "
+              "as CUDA's are, and its copies, host memcpys a GPU's copy engine would do, are timed apart and left "
+              "out of the figure (`standin_copy_ms` in docs/benchmarks.json).")
 SINGLE_CORE_NOTE = ("The two \"1 core\" rows, draft and crop decoder, are one process a round: decode + "
                     "RandomResizedCrop + the write into a batch slot, in this process, the two paths taking turns "
                     "of 0.25 s over the same photos and boxes (the crop decoder's target is the median of the "

@@ -37,6 +37,7 @@ class CostSnapshot:
     device_calls: int = 0  # by every thread
     device_objects: int = 0  # streams, events and buffers made after start-up
     host_syncs: int = 0  # blocking waits of a host thread on the device
+    standin_seconds: float = 0.0  # the stand-in device's copies: a GPU's copy engine's work, not in cpu_seconds
 
     @property
     def cpu_total(self) -> float:
@@ -45,7 +46,7 @@ class CostSnapshot:
     def per_batch(self) -> dict[str, float]:
         """Each figure a batch (CPU in seconds); zeros before the first batch."""
         n = max(1, self.batches)
-        return {"cpu_seconds": self.cpu_total / n, "wakeups": self.wakeups / n,
+        return {"cpu_seconds": self.cpu_total / n, "wakeups": self.wakeups / n, "standin_seconds": self.standin_seconds / n,
                 "device_calls_loop": self.device_calls_loop / n, "device_calls": self.device_calls / n,
                 "device_objects": self.device_objects / n, "host_syncs": self.host_syncs / n,
                 **{f"cpu_{role}": s / n for role, s in self.cpu_seconds.items()}}
@@ -57,7 +58,7 @@ class CostSnapshot:
             {r: self.cpu_seconds[r] - before.cpu_seconds.get(r, 0.0) for r in self.cpu_seconds},
             self.wakeups - before.wakeups, self.device_calls_loop - before.device_calls_loop,
             self.device_calls - before.device_calls, self.device_objects - before.device_objects,
-            self.host_syncs - before.host_syncs)
+            self.host_syncs - before.host_syncs, self.standin_seconds - before.standin_seconds)
 
 
 def thread_clock(tid: int) -> int:
@@ -74,6 +75,7 @@ class TrainerCost:
         self._calls: defaultdict[int, int] = defaultdict(int)
         self._objects: defaultdict[int, int] = defaultdict(int)
         self._syncs: defaultdict[int, int] = defaultdict(int)
+        self._standin: defaultdict[int, int] = defaultdict(int)  # ns of the stand-in device's copies, a thread
         self.loop_ns = 0  # CPU of the loop's thread inside next(), added by the iterator
         self.loop_calls = 0  # device calls made inside next(), added by the iterator
         self.batches = 0
@@ -97,6 +99,15 @@ class TrainerCost:
 
     def host_sync(self) -> None:
         self._syncs[threading.get_ident()] += 1
+
+    def standin_copy(self, ns: int) -> None:
+        """The stand-in device spent ``ns`` of this thread's CPU copying: on a GPU a copy engine's time, so it is
+        kept out of feedline's CPU (and reported apart)."""
+        self._standin[threading.get_ident()] += ns
+
+    def standin_here(self) -> int:
+        """This thread's stand-in copying so far, ns (the iterator reads it around ``next()``)."""
+        return self._standin.get(threading.get_ident(), 0)
 
     def device_calls_here(self) -> int:
         """This thread's device calls so far (the iterator reads it around ``next()``)."""
@@ -129,6 +140,7 @@ class TrainerCost:
         cpu["loop"] = self.loop_ns / 1e9
         with self._lock:
             for role, t in self._threads:
-                cpu[role] += self._cpu_of(t)
+                cpu[role] += self._cpu_of(t) - self._standin.get(t.ident or -1, 0) / 1e9
         return CostSnapshot(self.batches, cpu, sum(self._wakeups.values()), self.loop_calls,
-                            sum(self._calls.values()), sum(self._objects.values()), sum(self._syncs.values()))
+                            sum(self._calls.values()), sum(self._objects.values()), sum(self._syncs.values()),
+                            sum(self._standin.values()) / 1e9)

@@ -69,9 +69,11 @@ class EpochIterator:
                  release: Callable[[int], None], stats: StatsRecorder, cost: TrainerCost, cursor: Cursor,
                  limit: int | None = None, kept: KeptBatches | None = None,
                  tune: Callable[[float], float | None] | None = None,
-                 ended: Callable[[int], None] = lambda epoch: None, reading: Callable[[], None] = lambda: None):
+                 ended: Callable[[int], None] = lambda epoch: None, reading: Callable[[], None] | None = None,
+                 on_device: bool = False):
         self._epoch = epoch
-        self._reading = reading  # a batch goes out: a cache's reader lease is renewed (throttled there)
+        self._reading = reading  # a batch goes out: a cache's reader lease is renewed (throttled there); None: none
+        self._on_device = on_device  # device calls are counted around next() (a CPU host makes none)
         self._start = start  # the loader's count of epoch starts when this one started
         self._ended = ended
         self._tune = tune  # workers="auto": called at a next() once its time comes; returns the next time
@@ -127,11 +129,16 @@ class EpochIterator:
     def __next__(self) -> dict[str, Any]:
         called = time.perf_counter()
         cpu, cost = time.thread_time_ns(), self._cost
-        calls = cost.device_calls_here()
+        if not self._on_device:
+            try:
+                return self._next(called)
+            finally:
+                cost.loop_ns += time.thread_time_ns() - cpu
+        calls, copying = cost.device_calls_here(), cost.standin_here()
         try:
             return self._next(called)
-        finally:
-            cost.loop_ns += time.thread_time_ns() - cpu
+        finally:  # (a stand-in device's copies are its copy engine's time: not the loop's)
+            cost.loop_ns += time.thread_time_ns() - cpu - (cost.standin_here() - copying)
             cost.loop_calls += cost.device_calls_here() - calls
 
     def _next(self, called: float) -> dict[str, Any]:
@@ -171,7 +178,8 @@ class EpochIterator:
             tensors = {k: SlotView.of(v) for k, v in tensors.items()}
             self._held = list(tensors.values())
         self._cursor.record(*item.origin)
-        self._reading()
+        if self._reading is not None:
+            self._reading()
         self._last_return = time.perf_counter()
         batch = {**tensors, **item.extra}
         if self._limit is not None:

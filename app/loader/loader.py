@@ -347,7 +347,8 @@ class StagingLoader:
         self._start_run(plan, first, delivered)
         it = EpochIterator(plan.epoch, start, lambda: self._epochs.starts, p.queue, p.pool.release, self._stats,
                            self._cost, self._cursor, limit, p.kept, self._auto, self._epochs.ended,
-                           functools.partial(self.source.reading, self.rank.rank))
+                           functools.partial(self.source.reading, self.rank.rank) if self.source.growing else None,
+                           on_device=p.gpu is not None)
         self._iterator = weakref.ref(it)
         return it
 

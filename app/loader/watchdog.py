@@ -84,9 +84,13 @@ class BoundedLock:
 
     def __enter__(self) -> None:
         if not self._lock.acquire(timeout=self._bound):
-            self._blame()
-            raise LoaderError(f"the worker pool's lock was held for over {self._bound:g} s (stall_timeout). "
-                              f"{STALL_HINT}")
+            self.timed_out()
+
+    def timed_out(self) -> None:
+        """Raise for a lock not had within the bound: the stage that holds it, or a generic ``LoaderError``."""
+        self._blame()
+        raise LoaderError(f"the worker pool's lock was held for over {self._bound:g} s (stall_timeout). "
+                          f"{STALL_HINT}")
 
     def __exit__(self, *exc: object) -> None:
         self._lock.release()

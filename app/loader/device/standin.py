@@ -1,6 +1,7 @@
 """A stand-in device: the CUDA path's code run on a CPU host (``device="standin"``), for tests and the bench.
 
-Its "device memory" is host memory; a copy happens when it is issued, but the events recorded after it
+Its "device memory" is host memory; a copy happens when it is issued (its CPU time counted apart from
+feedline's: on a GPU a copy engine does it), but the events recorded after it
 complete only ``lag`` seconds later, so code that gives a ring slot back before its copy "landed", or
 waits on an event never recorded, shows up here as it would on a GPU. Streams keep their order: an
 event completes no earlier than one recorded before it on the same stream. Every call is counted on
@@ -72,7 +73,9 @@ class StandInGpu:
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: StandInStream) -> None:
         self._cost.device_call()
+        t0 = time.thread_time_ns()
         np.copyto(dst.numpy(), src.numpy())  # one thread, as a DMA engine: torch's copy_ would wake its OpenMP pool
+        self._cost.standin_copy(time.thread_time_ns() - t0)
         self.copies += 1
         stream.busy_until = max(stream.busy_until, time.monotonic()) + self.lag
 
@@ -81,7 +84,10 @@ class StandInGpu:
         self._cost.device_object()
         self.copies += 1
         stream.busy_until = max(stream.busy_until, time.monotonic()) + self.lag
-        return torch.from_numpy(src.numpy().copy())
+        t0 = time.thread_time_ns()
+        out = torch.from_numpy(src.numpy().copy())
+        self._cost.standin_copy(time.thread_time_ns() - t0)
+        return out
 
     def record_stream(self, t: torch.Tensor, stream: StandInStream) -> None:
         self._cost.device_call()

@@ -128,7 +128,10 @@ class WorkerPool(Dispatcher):
         the dispatcher bounds that wait while no worker moves, and this call raises once the dispatcher
         itself stops answering.
         """
-        with self._locked:
+        cv = self._cv
+        if not cv.acquire(timeout=self.stall_timeout):  # the bounded lock, inline: this runs once a batch
+            self._locked.timed_out()
+        try:
             if release is not None:
                 self._scheduler.release(release)
                 if self._feed():
@@ -139,6 +142,8 @@ class WorkerPool(Dispatcher):
             now = time.monotonic()
             self._waiting.setdefault(threading.get_ident(), [now, now])[1] = now
             pipes = [self._supervisor.pipe_of(w) for w in self._scheduler.waits_on()]
+        finally:
+            cv.release()
         self._waiters.wait(pipes, timeout)
         self.check_dispatcher()
         return None

@@ -188,10 +188,12 @@ class Scheduler:
         if self.epoch < 0:
             return None
         if self.in_order:
-            key = self._skip_ended(self._take_at)
-            if key is None:
-                return EpochEnd(self.epoch, self.taken)
-            self._take_at = key
+            key = self._take_at
+            if key not in self._ready:  # (a key that is ready needs no skipping: it was handed out in order)
+                key = self._skip_ended(key)
+                if key is None:
+                    return EpochEnd(self.epoch, self.taken)
+                self._take_at = key
         elif self._ready:
             key = min(self._ready)
         elif self.finished:
