@@ -64,7 +64,8 @@ def test_the_training_process_share_is_measured_per_batch_and_in_a_launch_bound_
     out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
     run = subprocess.run(
         [sys.executable, "-m", "feedline", "bench", "--quick", "--seconds", "0.5", "--workers", "1",
-         "--small-samples", "1200", "--json", str(out_json), "--markdown", str(out_md), "--workloads", "small,launch",
+         "--small-samples", "1200", "--video-samples", "8", "--json", str(out_json), "--markdown", str(out_md),
+         "--workloads", "small,launch,video",
          "--host", "test-host"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(out_json.read_text())["test-host"]
@@ -78,8 +79,13 @@ def test_the_training_process_share_is_measured_per_batch_and_in_a_launch_bound_
     assert all("trainer_ms_per_batch" in row for name, row in launch["rows"].items() if name.startswith("feedline"))
     targets = [t["target"] for t in doc["targets"]]
     assert any("<= 0.15 ms" in t for t in targets) and any("stand-in device <= 0.25 ms" in t for t in targets)
+    video = doc["workloads"]["video"]  # issue 61: clips against DataLoader and webdataset, one core, memory
+    assert {"feedline (zero-copy)", "DataLoader (PyAV in __getitem__)", "1 core, VideoClip"} <= set(video)
+    assert all(row["samples_per_s"] > 0 for row in video.values())
+    assert video["feedline (zero-copy)"]["worker_rss_mb"] > 0
+    assert any(t.startswith("video: >= 1.5x DataLoader") for t in targets)
     md = out_md.read_text()
-    assert "training process CPU a batch" in md and "a launch-bound step" in md
+    assert "training process CPU a batch" in md and "a launch-bound step" in md and "### Video" in md
 
 
 def test_the_end_to_end_row_trains_a_model_fed_three_ways(tmp_path):

@@ -145,6 +145,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_make_shards(args: argparse.Namespace) -> int:
     _setup_logging("INFO")
     from ..formats.shard_writer import (
+        class_folders,
+        samples_from_class_folders,
         samples_from_folder,
         samples_from_list,
         write_shards,
@@ -152,7 +154,17 @@ def cmd_make_shards(args: argparse.Namespace) -> int:
 
     src = args.source
     seed = None if args.keep_order else args.seed
-    if os.path.isdir(src):
+    if args.classes_from_folders:
+        if not os.path.isdir(src):
+            raise ConfigError(f"make-shards --classes-from-folders: source {src!r} is not a folder of class folders")
+        classes = class_folders(src)
+        if not classes:
+            raise ConfigError(f"make-shards --classes-from-folders: {src!r} holds no class folder (<class>/<file>)")
+        os.makedirs(args.outdir, exist_ok=True)
+        with open(os.path.join(args.outdir, "classes.txt"), "w") as f:
+            f.write("".join(f"{name}\n" for name in classes))
+        samples = samples_from_class_folders(src, seed)
+    elif os.path.isdir(src):
         samples = samples_from_folder(src, seed)
     elif os.path.isfile(src):
         samples = samples_from_list(src, seed)
@@ -290,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the seed of the samples' shuffle (default 0)")
     p.add_argument("--keep-order", action="store_true",
                    help="write samples in the source's order (sorted paths, list lines) instead of shuffled")
+    p.add_argument("--classes-from-folders", action="store_true",
+                   help="the source holds a folder per class (<class>/<video or image>): each sample's cls is its "
+                        "class's index in sorted order, the names written to OUTDIR/classes.txt")
     p.set_defaults(func=cmd_make_shards)
 
     p = sub.add_parser("make-dataset", help="write a demo/benchmark dataset of real tar shards")

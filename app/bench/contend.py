@@ -39,7 +39,7 @@ def _dataset(kind: str, count: int, sample_bytes: int, cache_dir: str, min_shard
                           + (f"-{min_shard}" if min_shard != 1 << 20 else ""))
     if not os.path.exists(os.path.join(outdir, "complete")):
         log.warning("making the %s dataset (%d samples) in %s", kind, count, outdir)
-        per_sample = sample_bytes if kind == "raw" else 60_000  # a ~500x375 JPEG is 40-80 kB
+        per_sample = {"raw": sample_bytes, "video": 120_000}.get(kind, 60_000)  # a ~500x375 JPEG is 40-80 kB
         # 32 shards, so that each worker gets as many: an epoch's tail (the last worker finishing
         # its last shard while the others idle) is then a small share of a short benchmark epoch
         shard_bytes = max(min_shard, count * per_sample // 32)

@@ -69,7 +69,11 @@ def _webdataset(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[st
                         empty_check=False)
     if shuffled:
         ds = ds.shuffle(1000)
-    if _kind(args.workload) != "raw":
+    if args.workload == "video":  # webdataset's own video decoding (torchvision.io.read_video's: every frame)
+        from .video_bench import whole_video
+
+        ds = ds.decode(wds.handle_extension("mp4", whole_video))
+    elif _kind(args.workload) != "raw":
         ds = ds.decode("pil")
     ds = ds.map(convert).batched(args.batch_size, partial=True)
 
@@ -91,6 +95,12 @@ def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str,
     elif args.workload == "jpeg":
         spec = {"jpg": ("uint8", (args.image_size, args.image_size, 3)), "cls": "int64"}
         transform = RandomResizedCrop(args.image_size, fields=["jpg"])
+    elif args.workload == "video":  # clips decoded in the workers, straight into the ring
+        from ..formats.video_clip import VideoClip
+        from .video_bench import FRAMES, SIZE, STRIDE
+
+        spec, transform = None, VideoClip(FRAMES, STRIDE, SIZE)
+        decode = {"fields": ["mp4", "cls"]}
     else:  # captioned: no spec, as a user would start; txt and json are inferred and travel beside the slot
         spec = None
         transform = RandomResizedCrop(args.image_size, fields=["jpg"])
@@ -128,6 +138,25 @@ def _batch_payload(batch: Any) -> tuple[int, int, list[torch.Tensor]]:
     else:
         raise TypeError(f"unexpected batch type {type(batch).__name__}")
     return int(tensors[0].shape[0]), sum(t.nbytes for t in tensors), tensors
+
+
+def _children_rss_mb() -> list[float]:
+    """Resident memory (MB) of each child process of this one (a loader's workers)."""
+    pids: list[str] = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += f.read().split()
+        except OSError:
+            continue
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                out += [int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:")]
+        except OSError:
+            continue
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -196,6 +225,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     wall = time.perf_counter() - t_start if t_start else float("nan")
     cpu = time.process_time() - cpu_start if cpu_start is not None else float("nan")
     extra: dict[str, Any] = {}
+    rss = _children_rss_mb()
+    if rss:  # the largest worker process's resident memory at the end of the timed part
+        extra["worker_rss_mb"] = max(rss)
     if hasattr(loader, "stats"):
         st = loader.stats()
         if st.h2d_seconds.sum > 0 and cuda is not None:
@@ -296,7 +328,7 @@ def single_core_rate(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("loader", choices=("feedline", "dataloader", "webdataset", *peers.PEERS, "single-core"))
-    p.add_argument("--workload", choices=("raw", "small", "jpeg", "captioned"), required=True)
+    p.add_argument("--workload", choices=("raw", "small", "jpeg", "captioned", "video"), required=True)
     p.add_argument("--shards", required=True, help="a glob of shards (tar, TFRecord or Parquet files; a peer: its format's directory)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--transfer-threads", type=int, default=None, help="feedline: (default: the loader's)")
@@ -325,7 +357,12 @@ def main(argv: list[str] | None = None) -> None:
                    help="add the first epoch's labels and sample shapes to the result (a check that it is whole)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    result = single_core_rate(args) if args.loader == "single-core" else run(args)
+    if args.loader == "single-core" and args.workload == "video":
+        from .video_bench import single_core
+
+        result: dict[str, Any] = single_core(sorted(glob.glob(args.shards)), args.seconds)
+    else:
+        result = single_core_rate(args) if args.loader == "single-core" else run(args)
     print(json.dumps(result), flush=True)
 
 

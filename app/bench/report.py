@@ -55,6 +55,13 @@ SMALL_NOTE = ("The last column is the training process's CPU a batch that is the
               "the CUDA path's code on this CPU against a stand-in device (`device=\"standin\"`): its calls are counted "
               "as CUDA's are, and its copies, host memcpys a GPU's copy engine would do, are timed apart and left "
               "out of the figure (`standin_copy_ms` in docs/benchmarks.json).")
+VIDEO_NOTE = ("Every row makes the same clips with the same library (PyAV): feedline's workers with `VideoClip` (seek "
+              "to the keyframe before the window, frames nothing refers to skipped until it, each frame taken scaled and "
+              "converted in one swscale pass, written into the ring); the DataLoader row's `__getitem__` as PyAV's "
+              "documentation writes it (seek, decode forward, each frame a full RGB array, cut and resized with "
+              "Pillow); the webdataset row with webdataset's own video decoding, `torchvision.io.read_video` (every "
+              "frame of the video, RGB), written out as its PyAV path because torchvision does not import beside this "
+              "CPU build of torch. \"1 core\" is `VideoClip` alone in one process.")
 SINGLE_CORE_NOTE = ("The two \"1 core\" rows, draft and crop decoder, are one process a round: decode + "
                     "RandomResizedCrop + the write into a batch slot, in this process, the two paths taking turns "
                     "of 0.25 s over the same photos and boxes (the crop decoder's target is the median of the "
@@ -116,10 +123,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
         for workload, rows in r["workloads"].items():
             title = {"raw": "Raw 1 MiB incompressible samples",
                      "small": "Small 3x64x64 samples (12 KiB): the training process's CPU a batch",
+                     "video": "Video: 4 s H.264 240p clips, 16 frames 2 apart, one random-resized crop a clip, 112x112 "
+                              "(samples are clips)",
                      "jpeg": "JPEG ~500x375 photos, decode + random-resized-crop to 224x224",
                      "captioned": "JPEG + .txt caption + .json metadata (an image-text dataset), pillow-simd "
                                   "everywhere; captions and metadata arrive as lists"}[workload]
-            base_key = {"raw": "DataLoader", "small": "DataLoader", "jpeg": "DataLoader + stock Pillow",
+            base_key = {"raw": "DataLoader", "small": "DataLoader", "video": "DataLoader (PyAV in __getitem__)",
+                        "jpeg": "DataLoader + stock Pillow",
                         "captioned": "webdataset + DataLoader"}[workload]
             lines += [f"### {title}", "", f"| contender | PIL | samples/s (range) | MB/s | main CPU % (range) | "
                                           f"ratio to {base_key} (range) | training process CPU a batch |",
@@ -143,6 +153,11 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 lines += [SINGLE_CORE_NOTE, ""]
             if workload == "small":
                 lines += [SMALL_NOTE, ""]
+            if workload == "video":
+                rss = ", ".join(f"{name} {row['worker_rss_mb']:.0f} MB" for name, row in rows.items()
+                                if "worker_rss_mb" in row)
+                lines += [VIDEO_NOTE + (f" The largest worker's resident memory at the end of the timed part: {rss}."
+                                        if rss else ""), ""]
         if r.get("scaling"):
             sc = r["scaling"]
             lines += [f"### JPEG decode scaling ({sc['cpus']} CPUs)", "",

@@ -53,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jpeg-samples", type=int, default=4000)
     p.add_argument("--sample-size", default="1MiB")
     p.add_argument("--small-samples", type=int, default=20000, help="3x64x64 samples in the small workload")
-    p.add_argument("--workloads", default="raw,small,jpeg,captioned,scaling,sampler,distributed,e2e,shuffle,launch")
+    p.add_argument("--video-samples", type=int, default=96, help="4 s H.264 videos in the video workload")
+    p.add_argument("--workloads", default="raw,small,jpeg,captioned,video,scaling,sampler,distributed,e2e,shuffle,launch")
     p.add_argument("--e2e-model", choices=("resnet50", "tiny"), default="resnet50",
                    help="e2e: the training step's model (tiny: a CPU check of the path, not a measurement)")
     p.add_argument("--e2e-steps", type=int, default=50, help="e2e: timed steps per run")
@@ -106,6 +107,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             if workload == "small":  # 3x64x64 samples: the training process's share a batch (issue 60)
                 src = _dataset("raw", args.small_samples, SMALL_BYTES, args.cache_dir)
+            elif workload == "video":  # clips decoded in the workers (issue 61)
+                src = _dataset("video", args.video_samples, 0, args.cache_dir)
             else:
                 count = args.raw_samples if workload == "raw" else args.jpeg_samples // (2 if workload == "captioned"
                                                                                          else 1)
@@ -173,6 +176,14 @@ def _contenders(workload: str, shards: str, args: argparse.Namespace, peers: str
                      c(STREAM_ORDER, "feedline", "--zero-copy", "--shuffle", "stream")]
     if workload == "raw":
         return feedline + [c("DataLoader", "dataloader"), c("webdataset + DataLoader", "webdataset"), *others]
+    if workload == "video":
+        from .video_bench import BATCH
+
+        batch = ("--batch-size", str(BATCH))
+        return [c("feedline (zero-copy)", "feedline", "--zero-copy", *batch), c("feedline (copy)", "feedline", *batch),
+                c("DataLoader (PyAV in __getitem__)", "dataloader", *batch),
+                c("webdataset + DataLoader (read_video's whole-video decode)", "webdataset", *batch),
+                c("1 core, VideoClip", "single-core", seconds=min(args.seconds, 5.0))]
     if workload == "small":
         small = ("--sample-bytes", str(SMALL_BYTES))
         return [c("feedline (zero-copy)", "feedline", "--zero-copy", *small), c("feedline (copy)", "feedline", *small),

@@ -45,6 +45,11 @@ class Convert:
         self.rrc = RandomResizedCrop(image_size, draft=False)  # torchvision-style: full-size decode
 
     def __call__(self, s: dict[str, Any]) -> dict[str, Any]:
+        if self.workload == "video":  # the same library (PyAV), the same clip, as a dataset's __getitem__ writes it
+            from .video_bench import UserClip, clip_of
+
+            clip = clip_of(s["mp4"]) if isinstance(s["mp4"], np.ndarray) else UserClip()(s["mp4"])
+            return {"mp4": torch.from_numpy(clip), "cls": int(s["cls"])}
         if self.workload == "raw":
             arr = np.frombuffer(s["bin"], dtype=np.uint8).copy()
             return {"bin": torch.from_numpy(arr), "cls": int(s["cls"])}

@@ -18,6 +18,32 @@ def _pct(row: dict[str, Any], metric: str = "main_cpu_pct") -> str:
     return f"{row[metric]:.1f} %" + (f" ({lo:.1f}-{hi:.1f})" if hi > lo else "")
 
 
+def _video_targets(rows: dict[str, Any], workers: int) -> list[dict[str, Any]]:
+    """Issue 61: clips/s against DataLoader with PyAV in __getitem__, the training process's CPU, the workers'
+    share of one core's rate; webdataset's whole-video decode and memory as rows."""
+    fl, dl = rows["feedline (zero-copy)"], rows["DataLoader (PyAV in __getitem__)"]
+    r = ratio(fl, dl)
+    out = [{"target": "video: >= 1.5x DataLoader (PyAV in __getitem__) clips/s, the same workers", "value": fmt_ratio(r),
+            "met": r[0] >= 1.5},
+           {"target": "video: main-process CPU <= 10 % of a core", "value": _pct(fl), "met": fl["main_cpu_pct"] <= 10}]
+    one = rows.get("1 core, VideoClip")
+    if one:
+        share = _share(fl, one, workers)
+        out.append({"target": f"video: >= 90 % of {workers} workers x one core's clip rate",
+                    "value": f"{100 * share[0]:.0f} % ({100 * share[1]:.0f}-{100 * share[2]:.0f}; "
+                             f"{fl['samples_per_s']:.1f} of {workers} x {one['samples_per_s']:.1f})",
+                    "met": share[0] >= 0.9})
+    wd = rows.get("webdataset + DataLoader (read_video's whole-video decode)")
+    if wd:
+        out.append({"target": "video: vs webdataset's own video decoding (a row)", "value": fmt_ratio(ratio(fl, wd)),
+                    "met": None})
+    if "worker_rss_mb" in fl:
+        out.append({"target": "video: a worker's resident memory, feedline vs DataLoader (a row)",
+                    "value": f"{fl['worker_rss_mb']:.0f} vs {dl.get('worker_rss_mb', float('nan')):.0f} MB",
+                    "met": None})
+    return out
+
+
 def _peer_targets(rows: dict[str, Any], workload: str, metric: str,
                   least: dict[str, float], ours: str = "feedline (zero-copy)") -> list[dict[str, Any]]:
     """feedline (``ours``) against each peer loader that ran (issues 35, 36): at least ``least[row]`` times its
@@ -83,6 +109,9 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
     small = results["workloads"].get("small")
     if small:
         out += small_targets(small)
+    video = results["workloads"].get("video")
+    if video:
+        out += _video_targets(video, workers)
     jpeg = results["workloads"].get("jpeg")
     if jpeg:
         fl = jpeg["feedline (zero-copy)"]

@@ -38,6 +38,14 @@ _NON_ASCII = re.compile(rb"[\x80-\xff]")
 _CONTINUATION = bytes(range(0x80, 0xC0))
 
 
+class SampleRejected(Exception):
+    """This sample cannot go into a batch; ``reason`` is its sample-error label (``feedline_sample_errors_total``)."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 class DecodeError(Exception):
     """A member that cannot be decoded: the sample is skipped and counted as corrupt."""
 

@@ -15,7 +15,8 @@
 | ``<ext>.gz`` ``.bz2`` ``.xz`` ``.zst`` | decompressed, then decoded as ``<ext>`` (``txt.gz`` -> str, ``jpg.xz`` -> image) |
 | bin | raw bytes as a uint8 array (a spec may reinterpret them) |
 | pkl pickle pyd | refused: loading them would unpickle, i.e. run code from the data |
-| anything else (audio, video, ...) | bytes, for a decoder of the user's (``decode={"flac": fn}``) |
+| video: mp4 webm mkv avi mov | a ``VideoMember``: its bytes, which ``VideoClip`` turns into clips (``video.py``) |
+| anything else (audio, ...) | bytes, for a decoder of the user's (``decode={"flac": fn}``) |
 
 Images are lazy, so a transform can ask libjpeg-turbo for a reduced-size decode (JPEG draft mode)
 before any pixel is decoded. A multi-dot extension (``seg.png``, ``depth.npy``) decodes by its
@@ -58,6 +59,7 @@ from .bounds import (
 )
 from .images import IMAGE_EXTENSIONS, decode_image
 from .inflate import INFLATE, PACKAGES, split_suffix
+from .video import VIDEO_EXTENSIONS, decode_video
 
 __all__ = ["DEFAULT_MAX_MEMBER_BYTES", "DecodeError", "Decoder", "MemberTooLarge", "UnsafeMemberError", "decode_image",
            "decode_npy", "decode_npz"]
@@ -256,7 +258,7 @@ class Decompress:
 
 _BOUNDED = {"cbor": decode_cbor, "npy": decode_npy, "npz": decode_npz, **{e: decode_image for e in IMAGE_EXTENSIONS},
             **{e: decode_json for e in JSON_EXTENSIONS}, **{e: decode_msgpack for e in MSGPACK_EXTENSIONS},
-            **{e: decode_tenbin for e in TENBIN_EXTENSIONS}}
+            **{e: decode_tenbin for e in TENBIN_EXTENSIONS}, **{e: decode_video for e in VIDEO_EXTENSIONS}}
 
 
 def default_decoders(bound: int = DEFAULT_MAX_MEMBER_BYTES) -> dict[str, DecodeFn]:

@@ -114,6 +114,23 @@ def samples_from_folder(folder: str, shuffle_seed: int | None = None) -> Iterato
         yield key.replace(os.sep, "/"), {ext: Path(p).read_bytes() for ext, p in files.items()}
 
 
+def class_folders(folder: str) -> list[str]:
+    """The first-level folders of ``folder``, sorted: class ``i`` is the ``i``-th (ImageFolder's and Kinetics'
+    layout, ``<folder>/<class>/<file>``)."""
+    return sorted(p.name for p in Path(folder).iterdir() if p.is_dir())
+
+
+def samples_from_class_folders(folder: str, shuffle_seed: int | None = None
+                               ) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """``<folder>/<class>/...``: files sharing a basename form a sample, labelled with its class's index in
+    ``class_folders`` (as ``cls``); files outside a class folder are left out."""
+    classes = {name: i for i, name in enumerate(class_folders(folder))}
+    for key, fields in samples_from_folder(folder, shuffle_seed):
+        top = key.split("/", 1)[0]
+        if "/" in key and top in classes:
+            yield key, {**fields, "cls": str(classes[top]).encode()}
+
+
 def samples_from_list(list_file: str, shuffle_seed: int | None = None) -> Iterator[tuple[str, dict[str, bytes]]]:
     """Lines of ``path label``; relative paths are taken from the list file's folder. A sample's key is its line
     number, whatever the order (``shuffle_seed``); every path is checked before anything is written."""

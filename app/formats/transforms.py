@@ -149,6 +149,11 @@ class Compose:
     def __init__(self, *transforms: Any):
         self.transforms = transforms
 
+    @property
+    def threads_per_worker(self) -> int:
+        """The most decode threads any of its transforms runs in a worker (a ``VideoClip``'s)."""
+        return max((int(getattr(t, "threads_per_worker", 1)) for t in self.transforms), default=1)
+
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
         for t in self.transforms:
             sample = t(sample)

@@ -187,7 +187,7 @@ class StagingLoader:
 
         first = self.source.wait_for(s.min_shards, max(0.1, s.wait_timeout - waited))
         self.auto_workers = s.workers == AUTO
-        s, most = s.resolve_auto("cuda" if on_device else "cpu")
+        s, most = s.resolve_auto("cuda" if on_device else "cpu", int(getattr(transform, "threads_per_worker", 1)))
         self.settings, self.most_workers = s, most
         tuner = WorkerTuner(int(s.workers), most) if self.auto_workers and most > s.workers else None
         if not self.source.growing and len(first) < self.rank.world_size:  # more workers than shards is fine

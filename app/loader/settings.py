@@ -199,13 +199,18 @@ class LoaderSettings:
         assert isinstance(self.workers, int) and isinstance(self.transfer_threads, int), "resolve 'auto' first"
         return default_ring_slots(self.workers, self.transfer_threads, self.device_queue)
 
-    def resolve_auto(self, device_type: str) -> tuple["LoaderSettings", int]:
+    def resolve_auto(self, device_type: str, threads_per_worker: int = 1) -> tuple["LoaderSettings", int]:
         """(these settings with ``auto`` replaced by numbers, the most workers they may grow to): the choice is
-        ``autotune.choose``'s, logged; the ring gets slots for the most."""
+        ``autotune.choose``'s, logged; the ring gets slots for the most. ``threads_per_worker``: the decode
+        threads each worker runs (a video transform's): workers x threads fit the rank's CPUs."""
         if AUTO not in (self.workers, self.transfer_threads):
+            cpus = autotune.usable_cpus()[0] if threads_per_worker > 1 else 0
+            if threads_per_worker > 1 and int(self.workers) * threads_per_worker > cpus:
+                log.warning("workers=%s x %d decode threads a worker is more than the %d CPUs here: they will share "
+                            "them (lower workers, or the transform's threads)", self.workers, threads_per_worker, cpus)
             return self, int(self.workers)
         choice = autotune.choose(device_type, max_workers=self.max_workers,
-                                 device_decode=self.device_decode is not None)
+                                 device_decode=self.device_decode is not None, threads_per_worker=threads_per_worker)
         most = choice.most if self.workers == AUTO else int(self.workers)
         threads = choice.transfer_threads if self.transfer_threads == AUTO else int(self.transfer_threads)
         out = self.replace(workers=choice.workers if self.workers == AUTO else self.workers, max_workers=None,

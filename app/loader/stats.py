@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # Labels of feedline_sample_errors_total{reason}; the order is the wire order.
 ERROR_REASONS = ("corrupt", "too_large", "missing_field", "shape_mismatch", "bad_shard", "evicted", "worker_crash",
-                 "member_too_large")
+                 "member_too_large", "too_short")
 # Skips that say nothing about the data: a shard the sampler evicted before a worker opened it (DESIGN.md:
 # "skips it with a counted warning, never a crash"). Counted, but outside the failure budget.
 BUDGET_EXEMPT = frozenset({"evicted"})

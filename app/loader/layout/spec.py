@@ -19,18 +19,11 @@ from typing import Any
 import numpy as np
 
 from ...formats import fastjpeg
+from ...formats.bounds import SampleRejected
 from ...formats.decoders import JSON_EXTENSIONS, TREE_EXTENSIONS, format_of
 
 LENGTH_SUFFIX = "_len"
 SIDE_KINDS = ("text", "json", "bytes", "tree")  # fields that travel beside the slot as plain data
-
-
-class SampleRejected(Exception):
-    """This sample cannot go into a slot; ``reason`` is its sample-error label."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)

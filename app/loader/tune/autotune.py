@@ -55,22 +55,26 @@ class Choice:
 
 
 def choose(device_type: str, ranks_on_node: int | None = None, max_workers: int | None = None,
-           device_decode: bool = False) -> Choice:
-    """Workers (to start with, and the most) and transfer threads for one rank."""
+           device_decode: bool = False, threads_per_worker: int = 1) -> Choice:
+    """Workers (to start with, and the most) and transfer threads for one rank; ``threads_per_worker``: decode
+    threads each worker runs (a video transform's), so that workers x threads fit the rank's CPUs."""
     cpus, found = usable_cpus()
     ranks = ranks_on_node or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     per_rank = max(1, cpus // max(1, ranks))
-    most = max(1, per_rank - 1)
+    threads = max(1, threads_per_worker)
+    most = max(1, (per_rank - 1) // threads)
     why = [f"{found}", f"{ranks} rank(s) on this node: {per_rank} CPU(s) a rank, one left to the training loop"]
+    if threads > 1:
+        why.append(f"{threads} decode threads a worker")
     if max_workers is not None:
         most = max_workers
         why.append(f"max_workers={max_workers}")
     start = max(1, most // 2)
     why.append(f"starting with {start} of at most {most}, grown during the first epoch while the loop waits")
-    threads = 1 if device_type == "cuda" and device_decode else 0
-    why.append(f"{threads} transfer thread(s)" + (": the batch's decode launched off the loop's thread" if threads
-                                                   else ": next() copies each batch itself"))
-    return Choice(start, most, threads, "; ".join(why))
+    transfer = 1 if device_type == "cuda" and device_decode else 0
+    why.append(f"{transfer} transfer thread(s)" + (": the batch's decode launched off the loop's thread" if transfer
+                                                    else ": next() copies each batch itself"))
+    return Choice(start, most, transfer, "; ".join(why))
 
 
 def resolved(workers: int | str, transfer_threads: int | str, device_type: str,

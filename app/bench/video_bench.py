@@ -1,0 +1,100 @@
+"""The bench's video workload: how the other rows decode the same clips (16 frames 2 apart, one random-resized-crop
+box a clip, 112x112), and one core's clip rate.
+
+- ``UserClip``: what a ``DataLoader`` dataset's ``__getitem__`` does with the same library (PyAV), written as its
+  documentation shows: seek to the window, decode forward, each frame taken as a full RGB array
+  (``frame.to_ndarray(format="rgb24")``), cut and resized with Pillow.
+- ``whole_video``: webdataset's own video decoding, ``torchvision.io.read_video``: every frame of the video, RGB.
+  torchvision does not import beside this project's CPU build of torch (its operators are built for another
+  torch), so this is read_video's PyAV path written out — every frame decoded and converted — feeding the same
+  clip's frames.
+- ``single_core``: ``VideoClip`` as a worker runs it, in this process alone: the rate feedline's workers scale.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import time
+from typing import Any
+
+import numpy as np
+
+from ..formats.transforms import random_box
+
+FRAMES, STRIDE, SIZE = 16, 2, 112  # the clip every row makes
+BATCH = 8  # clips a batch, as video training runs them (a clip is 600 kB; 96 videos make 12 batches an epoch)
+
+
+def _window(fps: float, duration: float) -> list[float]:
+    step = STRIDE / fps
+    t0 = random.uniform(0.0, max(0.0, duration - 1.0 / fps - (FRAMES - 1) * step))
+    return [t0 + i * step for i in range(FRAMES)]
+
+
+def _resize(frames: list[np.ndarray], width: int, height: int) -> np.ndarray:
+    from PIL import Image
+
+    box = random_box(width, height, (0.08, 1.0), (3 / 4, 4 / 3), random)
+    flip = random.random() < 0.5
+    out = np.stack([np.asarray(Image.fromarray(f).resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=box))
+                    for f in frames])
+    return out[:, :, ::-1].copy() if flip else out
+
+
+class UserClip:
+    """The DataLoader row's per-sample work on a video member (picklable for spawn)."""
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        import av
+
+        with av.open(io.BytesIO(data)) as container:
+            vs = container.streams.video[0]
+            fps = float(vs.average_rate)
+            duration = float(vs.duration * vs.time_base)
+            times = _window(fps, duration)
+            container.seek(int(times[0] / vs.time_base), stream=vs)
+            frames: list[np.ndarray] = []
+            last = None
+            for frame in container.decode(vs):
+                while len(frames) < FRAMES and frame.time > times[len(frames)] + 1e-3:
+                    frames.append(last if last is not None else frame.to_ndarray(format="rgb24"))
+                last = frame.to_ndarray(format="rgb24")
+                if len(frames) == FRAMES:
+                    break
+            while len(frames) < FRAMES:
+                frames.append(last)
+            return _resize(frames, vs.codec_context.width, vs.codec_context.height)
+
+
+def whole_video(data: bytes) -> np.ndarray:
+    """``torchvision.io.read_video``'s PyAV path: every frame of the video as RGB, (T, H, W, 3)."""
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        return np.stack([f.to_rgb().to_ndarray() for f in container.decode(video=0)])
+
+
+def clip_of(video: np.ndarray, fps: float = 25.0) -> np.ndarray:
+    """The clip's frames picked out of a whole decoded video, cut and resized (the webdataset row)."""
+    times = _window(fps, len(video) / fps)
+    idx = [min(len(video) - 1, int(t * fps + 1e-6)) for t in times]
+    return _resize([video[i] for i in idx], video.shape[2], video.shape[1])
+
+
+def single_core(shards: list[str], seconds: float) -> dict[str, Any]:
+    """Clips/s of ``VideoClip`` in this process, the members read from the shards as a worker reads them."""
+    from ..formats.video import VideoMember
+    from ..formats.video_clip import VideoClip
+    from .samples import tar_samples
+
+    clip = VideoClip(FRAMES, STRIDE, SIZE)
+    members = [VideoMember(s["mp4"]) for path in shards for s in tar_samples(path)]
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        clip({"mp4": members[n % len(members)]})
+        n += 1
+    wall = time.perf_counter() - t0
+    import PIL
+
+    return {"samples": n, "seconds": wall, "samples_per_s": n / wall, "pil": PIL.__version__}
