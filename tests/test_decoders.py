@@ -23,6 +23,7 @@ from PIL import Image
 from feedline import SettingError, StagingLoader
 from feedline.formats.decoders import Decoder, UnsafeMemberError
 from feedline.formats.shard_index import build_index
+from feedline.formats.video import VideoMember
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PICKLE = b"\x80\x04K\x01."
@@ -158,6 +159,8 @@ def same(ours, theirs, where="") -> None:
         assert type(ours) is type(theirs) and len(ours) == len(theirs), where
         for j, (a, b) in enumerate(zip(ours, theirs)):
             same(a, b, f"{where}[{j}]")
+    elif isinstance(ours, VideoMember):  # a video member: its bytes, as webdataset's, which VideoClip reads
+        assert type(theirs) is bytes and ours == theirs, (where, ours, theirs)
     else:
         assert type(ours) is type(theirs) and ours == theirs, (where, ours, theirs)
 
