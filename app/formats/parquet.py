@@ -22,14 +22,17 @@ row is taken from them (``dense_bytes``).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Collection, Sequence
+from itertools import accumulate
+from typing import Any, overload
 
 import numpy as np
 
 from .bounds import DEFAULT_MAX_MEMBER_BYTES, DecodeError, MemberTooLarge, about
 from .decoders import Decoder
+from .parquet_pages import PageError, check_pages, dictionary_page_bytes
 from .sample_index import MAX_SAMPLES, Sample, ShardError, ShardIndex, open_shard
 from .urls import is_parquet, shard_stem
 
@@ -51,8 +54,9 @@ INFLATION = 64
 # (a 99 %-zero label 36, sorted labels 140, a constant 230, nulls 410-540), which no dataset's samples are.
 MAX_ROWS_PER_BYTE = 8
 # Past a shard index's MAX_SAMPLES (a tar's), a file's rows must average MIN_ROW_BYTES: so what a hostile footer can
-# make the index hold is a million rows (~450 MB) plus one row per 4 bytes the file really has. A ratings table of
-# 5-byte rows, or a 500 MB file of 100-byte text rows, reads as it did; a 1 MB file declaring 8 M rows does not.
+# make an epoch's plan order is a million rows plus one row per 4 bytes the file really has (the index itself holds a
+# number a row group: RowSamples). A ratings table of 5-byte rows, or a 500 MB file of 100-byte text rows, reads as
+# it did; a 1 MB file declaring 8 M rows does not.
 MIN_ROW_BYTES = 4
 REFUSED_KEPT = 64  # row groups a worker remembers it refused (their other rows are refused without a read)
 
@@ -69,13 +73,49 @@ def build_index(path: str, fd: int | None = None, name: str | None = None) -> Sh
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise ShardError(path, f"not a readable Parquet file ({exc})") from None
     check_rows(path, meta, size)
-    stem = shard_stem(name or path)
-    samples, n = [], 0
-    for group in range(meta.num_row_groups):
-        for row in range(meta.row_group(group).num_rows):
-            samples.append(Sample(f"{stem}/{n:08d}", {RECORD: (group, row)}))
-            n += 1
-    return ShardIndex(path, size, samples)
+    rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    return ShardIndex(path, size, RowSamples(shard_stem(name or path), rows))  # type: ignore[arg-type]
+
+
+class RowSamples(Sequence[Sample]):
+    """A Parquet file's rows as an index's samples, made when asked for from the row groups' sizes: the index holds
+    a number a row group, not ~450 bytes a row, so what a footer can make it hold is bounded by the file's bytes
+    (a row group's entry in the footer takes some)."""
+
+    def __init__(self, stem: str, rows: list[int]):
+        self._stem = stem
+        self.starts = list(accumulate(rows, initial=0))  # the first row of each group, and the total last
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    @overload
+    def __getitem__(self, i: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Sample]: ...
+
+    def __getitem__(self, i: int | slice) -> Sample | list[Sample]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"row {i} of {n}")
+        group = bisect_right(self.starts, i) - 1
+        return Sample(f"{self._stem}/{i:08d}", {RECORD: (group, i - self.starts[group])})
+
+    def groups(self) -> list[int]:
+        """Each row's row group (what splitting a file between workers by whole groups reads)."""
+        return [g for g, (a, b) in enumerate(zip(self.starts, self.starts[1:])) for _ in range(b - a)]
+
+
+def groups_of(samples: Sequence[Sample]) -> list[int]:
+    """Each row's row group, from a Parquet index's samples (made without a ``Sample`` a row where it can)."""
+    if isinstance(samples, RowSamples):
+        return samples.groups()
+    return [s.fields[RECORD][0] for s in samples]
 
 
 def row_group_bytes(data: Any) -> list[int]:
@@ -106,8 +146,8 @@ def check_rows(path: str, meta: Any, size: int) -> None:
                                f"refused before indexing (each row is a sample the index holds)")
     if rows > max(MAX_SAMPLES, size // MIN_ROW_BYTES):  # the index's memory: a million rows, more in a file of more
         raise ShardError(path, f"declares {rows} rows in {size} bytes: past {MAX_SAMPLES:,} rows a file holds "
-                               f"{MIN_ROW_BYTES} bytes a row at least (each row is a sample the index holds, ~450 "
-                               f"bytes of memory); write the rows into smaller or more files")
+                               f"{MIN_ROW_BYTES} bytes a row at least (each row is a sample every epoch's plan "
+                               f"orders); write the rows into smaller or more files")
 
 
 # What a value takes once pyarrow reads it, by physical type: its slot (a null takes one too) and a byte for
@@ -117,40 +157,6 @@ _VALUE_BYTES = {"BOOLEAN": 2, "INT32": 5, "INT64": 9, "INT96": 13, "FLOAT": 5, "
                 "FIXED_LEN_BYTE_ARRAY": 1}
 _WIDEST = 33  # a decimal, or a type this table does not name
 _AS_DICTIONARY = ("NONE", "STRING", "ENUM")  # byte-array logical types pyarrow reads as dictionaries (binary, str)
-
-
-DICTIONARY_PAGE = 2  # parquet.thrift's PageType
-
-
-def dictionary_page_bytes(data: Any, offset: int | None) -> int | None:
-    """The uncompressed size of the dictionary page at ``offset`` of the file ``data``, from its page header (Thrift's
-    compact protocol: field 1 the page type, 2 its uncompressed size); None where it cannot be read so."""
-    if not offset or offset < 0:
-        return None
-    view = memoryview(data)[offset:offset + 24]
-    pos, field, fields = 0, 0, {}
-    while len(fields) < 2:
-        if pos >= len(view):
-            return None
-        head = view[pos]
-        pos += 1
-        if head >> 4 == 0 or head & 0x0F != 5:  # a short-form i32 field header, as every writer writes these two
-            return None
-        field += head >> 4
-        value = shift = 0
-        while True:
-            if pos >= len(view) or shift > 28:
-                return None
-            byte = view[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                break
-        fields[field] = (value >> 1) ^ -(value & 1)  # zigzag
-    if fields.get(1) != DICTIONARY_PAGE or fields.get(2, -1) < 0:
-        return None
-    return fields[2]
 
 
 def group_bytes(meta: Any, group: int, names: Collection[str] | None, data: Any = None,
@@ -285,6 +291,10 @@ class RowGroups:
             names = {n.lower(): n for n in pf.schema_arrow.names}
             wanted = None if columns is None else [names[c] for c in columns if c in names]
             need, dictionaries = group_bytes(pf.metadata, group, wanted, base, limit)
+            try:
+                check_pages(base, pf.metadata, group, wanted)  # what each page declares, before pyarrow allocates it
+            except PageError as exc:
+                raise DecodeError(f"row group {group} is not read: {exc}") from None
             rows = pf.metadata.row_group(group).num_rows
             stored = stored_bytes(pf.metadata, group, wanted)
             if need > limit and need > INFLATION * stored:

@@ -24,7 +24,7 @@ import numpy as np
 
 from .bounds import DecodeError, MemberTooLarge
 from .decoders import Decoder
-from .sample_index import Sample, ShardError, ShardIndex, open_shard
+from .sample_index import MAX_SAMPLES, TOO_MANY, Sample, ShardError, ShardIndex, open_shard
 from .urls import is_tfrecord, shard_stem
 
 RECORD = "tfrecord"  # the one field of a record's entry in the index: its data's (offset, length)
@@ -81,6 +81,8 @@ def build_index(path: str, fd: int | None = None, name: str | None = None) -> Sh
             if end > size:
                 raise ShardError(path, f"truncated: record {n} at byte {off} needs bytes up to {end}, the file has "
                                        f"{size}")
+            if n >= MAX_SAMPLES:  # 16 bytes of frame a record: a small file of empty records, a huge index
+                raise ShardError(path, TOO_MANY)
             samples.append(Sample(f"{stem}/{n:08d}", {RECORD: (off + HEADER.size, length)}))
             off, n = end, n + 1
     return ShardIndex(path, size, samples)

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ...formats.parquet import RECORD, row_group_bytes
+from ...formats.parquet import groups_of, row_group_bytes
 from ...formats.shard_index import ShardError, load_index
 from ...formats.urls import is_parquet
 from .mixture import Mixture
@@ -90,7 +90,7 @@ def row_groups_of(path: str) -> Sequence[int] | None:
     """``split_groups`` of a Parquet file on disk (its index and footer); a ShardError if it cannot be read."""
     if not is_parquet(path):
         return None
-    return split_groups(path, [s.fields[RECORD][0] for s in load_index(path).samples], row_group_bytes(path))
+    return split_groups(path, groups_of(load_index(path).samples), row_group_bytes(path))
 
 
 def assign(mine: list[str], workers: int) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[Part, ...], ...]]:

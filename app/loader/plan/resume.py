@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SettingError
-from ...formats.parquet import RECORD, row_group_bytes
+from ...formats.parquet import groups_of, row_group_bytes
 from ...formats.shard_index import ShardError, load_index
 from ...formats.urls import is_parquet
 from .epoch_plan import EpochPlan, part_indexes, split_groups, stream_seed
@@ -237,7 +237,7 @@ def delivered_samples(states: Sequence[Mapping[str, Any]]) -> dict[str, set[int]
         if entry not in row_groups:
             path = plan.path_of(entry)
             try:
-                row_groups[entry] = (([s.fields[RECORD][0] for s in load_index(path).samples], row_group_bytes(path))
+                row_groups[entry] = ((groups_of(load_index(path).samples), row_group_bytes(path))
                                      if is_parquet(path) else None)
             except ShardError:
                 row_groups[entry] = None

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, 
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ...formats.parquet import RECORD, row_group_bytes
+from ...formats.parquet import RECORD, groups_of, row_group_bytes
 from ...formats.shard_index import Sample, ShardError, load_index
 from ...formats.urls import is_parquet
 from .epoch_plan import part_indexes, split_groups
@@ -236,7 +236,7 @@ def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: s
             if (block > 0 or n > 1) and is_parquet(path):  # its row groups' sizes: the windows, and whether a part
                 # is whole row groups, from the footer the plan's count reads too (row_groups_of)
                 opened.unit_bytes = row_group_bytes(opened.mm if opened.mm is not None else path)
-            rows = split_groups(path, [s.fields[RECORD][0] for s in opened.samples], opened.unit_bytes) \
+            rows = split_groups(path, groups_of(opened.samples), opened.unit_bytes) \
                 if n > 1 and is_parquet(path) else None
             group = [(opened, opened.samples[i], i) for i in part_indexes(path, len(opened.samples), (k, n), rows)
                      if i not in left]
