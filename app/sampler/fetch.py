@@ -61,7 +61,7 @@ class Fetcher:
         self.limiter = limiter
         self.min_rate = min_rate
         self.http = HttpTransport(timeout, stop, limiter, min_rate, auth, ca_file, auth_origins)
-        self.stores = Stores(StoreContext(timeout, retries, threads, self.http))
+        self.stores = Stores(StoreContext(timeout, retries, threads, self.http, max_index_bytes))
 
     @classmethod
     def from_settings(cls, s: SidecarSettings, stop: threading.Event,

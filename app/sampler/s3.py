@@ -22,7 +22,7 @@ from typing import Any
 
 from ..formats.files import create_new
 from ..formats.urls import redact, redact_text
-from .stores import StoreContext, StoreError
+from .stores import MAX_LIST_BYTES, StoreContext, StoreError
 
 log = logging.getLogger("feedline.sampler")
 
@@ -58,11 +58,22 @@ def split(url: str) -> tuple[str, str]:
     return bucket, key
 
 
+PAGE_COST = 4096  # the bytes a listing's page counts as at least: max_index_bytes bounds the number of pages too
+
+
+class ListingTooLarge(Exception):
+    """A listing's page past what the listing may still read."""
+
+    def __init__(self, nbytes: int):
+        super().__init__(f"{nbytes} bytes")
+        self.bytes = nbytes
+
+
 class S3Client:
     """One boto3 client (thread-safe) and a transfer configuration for every shard of a sidecar."""
 
     def __init__(self, connect_timeout: float = 10.0, read_timeout: float = 30.0, retries: int = 3,
-                 threads: int = 4):
+                 threads: int = 4, max_list_bytes: int = MAX_LIST_BYTES):
         try:
             import boto3
             from boto3.s3.transfer import TransferConfig
@@ -80,6 +91,34 @@ class S3Client:
         self._transfer = TransferConfig(multipart_threshold=PART, multipart_chunksize=PART, max_concurrency=threads,
                                         use_threads=True)
         self.endpoint = self._client.meta.endpoint_url
+        # a listing is the store's own index of a prefix: its pages are read within max_index_bytes, in all
+        self.max_list_bytes = max_list_bytes
+        self._listing = threading.local()  # the bytes a list() in progress on this thread may still read
+        self._client.meta.events.register("before-send.s3.ListObjectsV2", self._bounded_page)
+
+    def _bounded_page(self, request: Any, **_: Any) -> Any:
+        """Send a listing's page request and read its answer within what the listing may still take (botocore
+        would read a page whole, however large a store makes it); every page costs at least ``PAGE_COST``, so
+        the pages are bounded too, and a store that never stops listing stops being read."""
+        left = getattr(self._listing, "left", None)
+        if left is None:
+            return None  # not a list() of ours: botocore sends it
+        request.stream_output = True  # else the session reads the whole body itself, before a byte is counted
+        response = self._client._endpoint.http_session.send(request)
+        declared = int(response.headers.get("content-length") or 0)
+        if declared > left:
+            response.raw.close()
+            raise ListingTooLarge(declared)
+        chunks, got = [], 0
+        for chunk in response.raw.stream(1 << 16):
+            got += len(chunk)
+            if got > left:
+                response.raw.close()
+                raise ListingTooLarge(got)
+            chunks.append(chunk)
+        response._content = b"".join(chunks)  # what AWSResponse.content would have read
+        self._listing.left = left - max(got, PAGE_COST)
+        return response
 
     # -- errors ---------------------------------------------------------------------------------------
 
@@ -125,14 +164,27 @@ class S3Client:
     # -- requests -----------------------------------------------------------------------------------
 
     def list(self, url: str) -> list[S3Object]:
-        """Every object under a prefix (``s3://bucket/prefix/``), with its size."""
+        """Every object under a prefix (``s3://bucket/prefix/``), with its size; the listing's pages read within
+        ``max_list_bytes`` (``max_index_bytes``) in all, each counted as ``PAGE_COST`` at least."""
         bucket, prefix = split(url)
-        out = []
+        out: list[S3Object] = []
+        pages = 0
+        self._listing.left = self.max_list_bytes
         try:
             for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                pages += 1
                 out.extend(S3Object(bucket, o["Key"], int(o["Size"])) for o in page.get("Contents", []))
+        except ListingTooLarge as exc:
+            raise S3Error("too_large", f"listing {redact(url)}: its pages passed max_index_bytes={self.max_list_bytes} "
+                                       f"bytes after {pages} page(s) and {len(out)} objects (a page of {exc.bytes} "
+                                       f"bytes, each counted as {PAGE_COST} at least): list a narrower prefix, give an "
+                                       f"index file, or raise max_index_bytes (--max-index-bytes / "
+                                       f"FEEDLINE_MAX_INDEX_BYTES) if the bucket really holds that many shards",
+                          retry=False) from None
         except Exception as exc:
             raise self._explain(exc, f"listing {url}") from None
+        finally:
+            self._listing.left = None
         return out
 
     def size(self, url: str) -> int:
@@ -206,4 +258,5 @@ class S3Client:
 
 def open_store(context: StoreContext) -> S3Client:
     """The ``s3://`` store of a fetcher (``stores.Stores``)."""
-    return S3Client(read_timeout=context.timeout, retries=context.retries, threads=context.threads)
+    return S3Client(read_timeout=context.timeout, retries=context.retries, threads=context.threads,
+                    max_list_bytes=context.max_list_bytes)

@@ -31,6 +31,9 @@ class StoreError(Exception):
         self.retry = retry
 
 
+MAX_LIST_BYTES = 256 << 20  # a listing's default bound: http.MAX_INDEX_BYTES, the sidecar's max_index_bytes
+
+
 @dataclass(frozen=True)
 class StoreObject:
     """An object a listing found: its URL in the store's scheme and its size where the listing told it."""
@@ -48,6 +51,7 @@ class StoreContext:
     retries: int
     threads: int
     http: Any  # http.HttpTransport (not imported: http.py imports the sources, which list through the stores)
+    max_list_bytes: int = MAX_LIST_BYTES  # what a listing's pages may take in all (the sidecar's max_index_bytes)
 
 
 class Store(Protocol):
