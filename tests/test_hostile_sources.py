@@ -20,6 +20,7 @@ import pytest
 from helpers import ROOT, id_shards, wait_for, within, write_tar
 from prometheus_client import generate_latest
 
+from feedline.formats.urls import redact
 from feedline import StagingLoader
 from feedline.api.config import Config
 from feedline.cache.manifest import ID_MAX, MANIFEST, check_id, read_manifest
@@ -142,6 +143,41 @@ def test_the_configuration_error_of_feedline_sample_never_shows_a_presigned_sour
                          timeout=120, env={**os.environ, "COLUMNS": "300"})
     assert out.returncode == 2, out.stderr
     assert "configuration error" in out.stderr and "127.0.0.1:9/index.txt" in out.stderr, out.stderr
+    assert SECRET not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("https://cdn.example/__token__/exp=1700000000~acl=/*~hmac=5ecre7c0ffee/data/shard-000001.tar",
+     "https://cdn.example/__token__/exp=REDACTED~acl=REDACTED/*~hmac=REDACTED/data/shard-000001.tar"),
+    ("https://h.example/t/eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sflKxwRJSMeKKF2QT4fwpMeJ/shard-0.tar",
+     "https://h.example/t/REDACTED/shard-0.tar"),
+    ("https://h.example/hf_abcdefghijklmnopqrstuvwxyz0123/shard.tar", "https://h.example/REDACTED/shard.tar"),
+    ("https://h.example/d;sig=5ecre7;sv=2020-01-01/shard.tar", "https://h.example/d;sig=REDACTED;sv=REDACTED/shard.tar"),
+    ("https://h.example/AKIAIOSFODNN7EXAMPLE/shard.tar", "https://h.example/REDACTED/shard.tar"),
+    ("https://h.example/k/9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08/shard.tar",
+     "https://h.example/k/REDACTED/shard.tar"),
+    ("https://u:5ecre7@h.example/a/shard.tar", "https://REDACTED@h.example/a/shard.tar"),
+])
+def test_a_secret_in_a_urls_path_is_redacted_and_the_shard_stays_recognisable(url, shown):
+    assert redact(url) == shown
+
+
+@pytest.mark.parametrize("url", [
+    "https://huggingface.co/datasets/org/name/resolve/main/train/shard-000001.tar",
+    "s3://bucket/prefix/2024-01-01/part-0001/shard-{000000..000099}.tar",
+    "https://h.example/data/v2/webdataset/train/shard-000123.tar",
+])
+def test_a_path_without_a_secret_is_shown_as_it_is(url):
+    assert redact(url) == url
+
+
+def test_a_token_in_the_path_of_a_failing_source_never_reaches_the_error(tmp_path):
+    source = "http://127.0.0.1:9/__token__/exp=1~hmac=" + SECRET + "/index.txt"  # unreachable: refused at start-up
+    out = subprocess.run([sys.executable, "-m", "feedline", "sample", "--source", source, "--cache",
+                          str(tmp_path / "cache"), "--metrics-port", "0"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "COLUMNS": "300"})
+    assert out.returncode == 2, out.stderr
+    assert "127.0.0.1:9/__token__/exp=REDACTED~hmac=REDACTED/index.txt" in out.stderr, out.stderr
     assert SECRET not in out.stdout + out.stderr
 
 

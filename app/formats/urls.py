@@ -50,7 +50,8 @@ _URL_IN_TEXT = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)\
 
 def redact(url: str) -> str:
     """A URL as logs, errors, metrics and ``manifest.json`` may show it: scheme, host, port and path kept (the
-    shard stays recognisable), the userinfo, every query value and any fragment replaced by ``REDACTED``.
+    shard stays recognisable), the userinfo, every query value, any fragment and what the path carries of a
+    secret (``redact_path``) replaced by ``REDACTED``.
 
     Every query value, not a list of known secret names: presigned URLs spread their secret over parameters
     whose names vary by vendor (``X-Amz-Signature``/``X-Amz-Security-Token``, ``X-Goog-Signature``, Azure's
@@ -58,7 +59,7 @@ def redact(url: str) -> str:
     recognised by its host and path, never by a query value. The parameter names stay: they say it was
     presigned. A local path (no ``scheme://``) is returned as it is.
     """
-    if "://" not in url or not ("?" in url or "@" in url or "#" in url):  # a local path; a URL with nothing to hide
+    if "://" not in url:  # a local path
         return url
     try:
         u = urllib.parse.urlsplit(url)
@@ -67,13 +68,39 @@ def redact(url: str) -> str:
         return url.split("://", 1)[0] + "://" + REDACTED
     if "@" in netloc and not (u.scheme == "abfs" and ":" not in netloc.rpartition("@")[0]):
         netloc = REDACTED + "@" + netloc.rpartition("@")[2]  # (abfs://container@account...: a container, no user)
-    out = f"{u.scheme}://{netloc}{u.path}"
+    out = f"{u.scheme}://{netloc}{redact_path(u.path)}"
     if u.query:
         out += "?" + "&".join(part.partition("=")[0] + "=" + REDACTED if "=" in part else REDACTED
                               for part in u.query.split("&") if part)
     if u.fragment:
         out += "#" + REDACTED
     return out
+
+
+# Path segments that are secrets by their shape: a token a CDN or a store puts in the path instead of the query.
+_JWT = re.compile(r"eyJ[\w-]*\.[\w-]+\.[\w-]*")
+_SECRET_SEGMENTS = re.compile(
+    r"(?:hf|ghp|gho|ghs|ghu|github_pat|glpat|xox[abpr]|sk|sv|sig|se|sp)[-_=][\w-]{8,}"  # a vendor token, Azure SAS parts
+    r"|AKIA[0-9A-Z]{16}"  # an AWS access key id
+    r"|(?=[\w+/-]*\d)(?=[\w+/-]*[A-Za-z])[\w+/-]{32,}={0,2}")  # a long opaque string of letters and digits
+_PARAM_IN_PATH = re.compile(r"([;~&,]?[\w.-]+=)([^;~&,/]*)")  # name=value in a path segment (Akamai's ~hmac=, ;sig=)
+
+
+def redact_path(path: str) -> str:
+    """A URL's path with what it carries of a secret replaced by ``REDACTED``: every ``name=value`` value in a segment
+    (a token in the path: ``/__token__/exp=...~hmac=...``, ``;sig=...``), and whole segments shaped like a secret (a
+    JWT, a vendor's token, an access key id, a long opaque string of letters and digits with no extension).
+    A shard's file name (it has an extension) stays: the shard stays recognisable."""
+    if not path:
+        return path
+    out = []
+    for seg in path.split("/"):
+        if "=" in seg:
+            seg = _PARAM_IN_PATH.sub(lambda m: m.group(1) + REDACTED, seg)
+        elif _JWT.fullmatch(seg) or ("." not in seg and _SECRET_SEGMENTS.fullmatch(seg)):
+            seg = REDACTED
+        out.append(seg)
+    return "/".join(out)
 
 
 def redact_text(text: str) -> str:
