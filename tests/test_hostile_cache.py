@@ -14,7 +14,7 @@ import pytest
 from helpers import id_shards, manifest_ids, publish_copy, shard_bytes
 
 from feedline import StagingLoader
-from feedline.cache.manifest import read_manifest, shard_path
+from feedline.cache.manifest import read_manifest
 from feedline.cache.ownership import CacheDirError
 from feedline.cache.readers import leased_ids, write_reader
 from feedline.cache.store import CacheStore

@@ -226,3 +226,43 @@ def test_the_sampler_replaces_a_kept_alive_connection_the_store_timed_out_withou
         sidecar.fetcher.http.get(first, str(tmp_path / "a"), 1 << 20)
         time.sleep(1.0)  # the store closes the idle kept-alive connection meanwhile
         assert sidecar.fetcher.http.get(second, str(tmp_path / "b"), 1 << 20) > 0  # no FetchError("connection")
+
+
+def _read_slowly(sock: socket.socket, rate: int, seconds: float) -> tuple[int, bool]:
+    """Read at about ``rate`` bytes/s for at most ``seconds``: (bytes read, whether the server closed first)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server's sends wait on us
+    got, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        try:
+            chunk = sock.recv(max(1, rate // 10))
+        except ConnectionError:
+            return got, True
+        if not chunk:
+            return got, True
+        got += len(chunk)
+        time.sleep(0.1)
+    return got, False
+
+
+def test_a_client_reading_a_shard_below_the_floor_gives_its_connection_back(tmp_path):
+    (tmp_path / "big.tar").write_bytes(b"\0" * (32 << 20))
+    with FileStore(str(tmp_path), min_client_rate=256 << 10, floor_window=1.0) as store:
+        slow = connect(store)
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.sendall(b"GET /big.tar HTTP/1.1\r\nHost: x\r\n\r\n")
+        got, closed = _read_slowly(slow, 8 << 10, 8.0)  # 8 KiB/s: a 32 MiB shard would take over an hour
+        assert closed and got < (4 << 20) and store.too_slow == 1
+        slow.close()
+        with urllib.request.urlopen(f"{store.url}/big.tar", timeout=30) as r:  # a reader at full speed is served
+            assert len(r.read()) == 32 << 20
+        assert store.too_slow == 1
+
+
+def test_a_floor_of_zero_lets_a_client_read_at_any_rate(tmp_path):
+    (tmp_path / "a.tar").write_bytes(b"x" * (1 << 20))
+    with FileStore(str(tmp_path), min_client_rate=0, floor_window=0.2) as store:  # no floor: read at any rate
+        s = connect(store)
+        s.sendall(b"GET /a.tar HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        got, closed = _read_slowly(s, 64 << 10, 1.5)
+        assert not closed and store.too_slow == 0
+        s.close()

@@ -29,7 +29,7 @@ def _ids(batch):
 @pytest.fixture
 def two(tmp_path):
     """A large source (ids 0..399: 10 shards of 40) and a small one (ids 1000..1049: 2 shards of 25)."""
-    big = id_shards(str(tmp_path / "big"), shards=10, per_shard=40)
+    id_shards(str(tmp_path / "big"), shards=10, per_shard=40)
     small = [os.path.join(tmp_path, "small", f"s-{k}.tar") for k in range(2)]
     os.makedirs(tmp_path / "small")
     for k, path in enumerate(small):

@@ -7,7 +7,7 @@ import os
 import shutil
 
 import pytest
-from helpers import Sampler, id_shards, manifest_ids
+from helpers import Sampler, id_shards
 from test_parquet import pyarrow_rows
 from test_tfrecord import write_id_records
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from background_soak import CACHE_PREFIX, SOAK
 
-from feedline.soak.analysis import Targets, judge
+from feedline.soak.analysis import judge
 from feedline.soak.faults import KINDS, schedule
 from feedline.soak.run import Record
 

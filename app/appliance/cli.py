@@ -220,7 +220,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         index = make_demo_store(args.root, args.demo_samples, parse_size(args.shard_size), args.cache_dir)
         log.info("demo dataset: %s lists its shards", index)
     # a process of its own: nobody can read its request log, so it keeps none (the soak run measures its memory)
-    with FileStore(args.root, args.host, args.port, remember=False) as store:
+    with FileStore(args.root, args.host, args.port, remember=False, min_client_rate=parse_size(args.min_client_rate),
+                   floor_window=args.floor_window) as store:
         log.info("serving %s at %s", args.root, store.url)
         print(store.url, flush=True)
         done.wait()
@@ -330,6 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "index.txt listing its shards (compose's demo profile)")
     p.add_argument("--shard-size", default="16MiB", help="with --demo-samples: the shards' size")
     p.add_argument("--cache-dir", default=".cache", help="with --demo-samples: where the sample photos are kept")
+    p.add_argument("--min-client-rate", default="64KiB",
+                   help="bytes a second a client must read a shard at, over --floor-window, to keep its connection "
+                        "(0: no floor); a slower one is closed, so no reader holds a connection as long as it likes")
+    p.add_argument("--floor-window", type=float, default=30.0, help="seconds the client's rate is measured over")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="the main job: store, sampler and trainer as separate processes")

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import struct
 import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
+from typing import Any
 
 from ..metrics.httpserve import BoundedHandler, BoundedHTTPServer
 
 LOG_REQUESTS = 1000  # requests the store remembers at least (tests read them), and at most twice as many
 TIMEOUT = 60.0  # seconds a client has to send each request's head (nginx's client_header_timeout), and idles
 MAX_CONNECTIONS = 128  # connections holding a thread: 64 fetch threads of a sidecar and more
+MIN_CLIENT_RATE = 64 << 10  # bytes/s a client must read at, over FLOOR_WINDOW, to keep its connection (and slot)
+FLOOR_WINDOW = 30.0  # seconds: a slow minute on a real link passes, a client reading a byte a minute does not
 OTHER_PATHS = "<other paths>"  # where `requests` counts paths past `max_paths`
 
 log = logging.getLogger("feedline.store")
@@ -52,8 +56,13 @@ class FileStore:
     max_paths = LOG_REQUESTS  # distinct paths `requests` counts one by one; the rest under OTHER_PATHS
 
     def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, remember: bool = True, *,
-                 timeout: float = TIMEOUT, max_connections: int = MAX_CONNECTIONS):
+                 timeout: float = TIMEOUT, max_connections: int = MAX_CONNECTIONS,
+                 min_client_rate: float = MIN_CLIENT_RATE, floor_window: float = FLOOR_WINDOW):
         self.root = os.path.abspath(root)
+        # a client reading a shard slower than this over a window gives its connection back (the sampler's own
+        # fetch_min_mbps, the other way round): no reader holds one of max_connections slots as long as it likes
+        self.min_client_rate, self.floor_window = min_client_rate, floor_window
+        self.too_slow = 0  # connections closed for reading below the floor
         # `feedline serve` runs it as a process of its own, whose log nobody can read: it keeps none
         self.remembers = remember
         self.faults: dict[str, Fault] = {}
@@ -107,8 +116,7 @@ class FileStore:
                 with open(path, "rb") as f:
                     if fault is None:
                         self.wfile.flush()
-                        self.connection.sendfile(f, 0, size)  # os.sendfile, each wait bounded by the timeout
-                        return
+                        return self._send(f, rel, size)
                     if fault.drip:
                         return self._drip(f, fault.drip)
                     cut = max(fault.reset_after, fault.stall_after, fault.truncate_to)
@@ -120,6 +128,43 @@ class FileStore:
                         # linger on, 0 s: close() sends RST, as a crashed store would
                         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.close_connection = True
+
+            def _send(self, f: Any, rel: str, size: int) -> None:
+                """``os.sendfile`` the whole file, waiting on the socket at most to each window's end: at every
+                ``floor_window`` seconds, a client that read less than ``min_client_rate`` bytes/s over it has its
+                connection closed (its slot given back); one that reads nothing for ``timeout`` too, as before."""
+                sock = self.connection
+                timeout = sock.gettimeout()
+                sent, window_start, window_bytes, last_moved = 0, time.monotonic(), 0, time.monotonic()
+                sock.setblocking(False)
+                try:
+                    while sent < size:
+                        now = time.monotonic()
+                        if store.min_client_rate and now - window_start >= store.floor_window:
+                            rate = window_bytes / (now - window_start)
+                            if rate < store.min_client_rate:
+                                store.too_slow += 1
+                                log.info("%s: a client read at %.0f B/s over %.0f s, below the floor of %.0f B/s: "
+                                         "its connection closed", rel, rate, now - window_start, store.min_client_rate)
+                                # reset, not a close that would first drain what its buffers hold at that rate
+                                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                                self.close_connection = True
+                                return
+                            window_start, window_bytes = now, 0
+                        if timeout is not None and now - last_moved > timeout:
+                            raise TimeoutError(f"the client read nothing for {timeout:g} s")
+                        wait = window_start + store.floor_window - now if store.min_client_rate else timeout
+                        if not select.select([], [sock], [], max(0.01, min(wait or 1.0, timeout or 1.0)))[1]:
+                            continue
+                        try:
+                            moved = os.sendfile(sock.fileno(), f.fileno(), sent, min(size - sent, 1 << 22))
+                        except BlockingIOError:
+                            continue
+                        if moved == 0:
+                            return  # the file got shorter under us: the client sees a short body
+                        sent, window_bytes, last_moved = sent + moved, window_bytes + moved, time.monotonic()
+                finally:
+                    sock.settimeout(timeout)
 
             def _chunked(self, path: str) -> None:
                 with open(path, "rb") as f:

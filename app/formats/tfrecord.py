@@ -25,7 +25,7 @@ import numpy as np
 from .bounds import DecodeError, MemberTooLarge
 from .decoders import Decoder
 from .sample_index import MAX_SAMPLES, TOO_MANY, Sample, ShardError, ShardIndex, open_shard
-from .urls import is_tfrecord, shard_stem
+from .urls import is_tfrecord, shard_stem  # noqa: F401 (tfrecord.is_tfrecord is its public test)
 
 RECORD = "tfrecord"  # the one field of a record's entry in the index: its data's (offset, length)
 HEADER = struct.Struct("<QI")  # a record's length and the length's masked CRC

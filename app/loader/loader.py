@@ -444,7 +444,7 @@ class StagingLoader:
         return {"format": RANKS_FORMAT, "ranks": coordinator.gather(self._own_state())}  # every rank calls it
 
     def _own_state(self) -> dict[str, Any]:
-        c, s = self._cursor, self.settings
+        c = self._cursor
         if c is not None and self.plan is not None and not c.finished:
             if c.expected is None:  # the epoch's batch count, from the shard indexes, once, when first asked
                 c.expected = c.before + self._batches(self.plan)

@@ -245,7 +245,7 @@ def table(record: Record, v: Verdict) -> str:
               f"{max((x['cache_bytes'] for x in record.system), default=0) / MIB:.2f} MiB; "
               f"/dev/shm as a whole at most {max((x.get('shm_bytes', 0) for x in record.system), default=0) / MIB:.1f} "
               f"MiB above its use at the start (the batch ring is a memfd: not in /dev/shm)",
-              f"- faults: " + ", ".join(f"{k} x{n}" for k, n in Counter(e["kind"] for e in record.events
+              "- faults: " + ", ".join(f"{k} x{n}" for k, n in Counter(e["kind"] for e in record.events
                                                                          if e["kind"] not in ("start", "end",
                                                                                               "store_up")).items()),
               f"- left over at the end: {', '.join(record.leftovers) or 'nothing'}",
