@@ -5,6 +5,8 @@ and `kubectl apply -f deploy/k8s/` applies no Secret."""
 import os
 import subprocess
 
+import yaml
+
 from test_deploy import K8S, ROOT, SECRET_EXAMPLE, load_all, multinode, resolved, single_node
 
 def host_addresses(services):
@@ -69,6 +71,25 @@ def test_the_feedline_containers_and_prometheus_run_on_a_read_only_root():
     data = next(a.split("=", 1)[1] for a in prometheus["command"] if a.startswith("--storage.tsdb.path="))
     assert any(data.startswith(v.split(":")[1] + "/") for v in prometheus["volumes"]), data
 
+
+
+def test_grafana_runs_on_a_read_only_root_writing_only_to_tmpfs():
+    """What Grafana's image writes (GF_PATHS_DATA=/var/lib/grafana: its database and the plugins/ its run.sh makes;
+    Go's temporary files; GF_PATHS_LOGS should file logging be on) lands on a tmpfs; every file mounted is read-only."""
+    grafana = resolved()["services"]["grafana"]
+    assert grafana["read_only"] is True
+    assert {"/tmp", "/var/lib/grafana", "/var/log/grafana"} <= set(grafana["tmpfs"])
+    assert all(v.endswith(":ro") for v in grafana["volumes"]), grafana["volumes"]
+
+
+def test_grafanas_dashboards_are_provisioned_from_the_folder_compose_mounts():
+    grafana = resolved()["services"]["grafana"]
+    mounted = {v.split(":")[1] for v in grafana["volumes"]}
+    with open(os.path.join(ROOT, "grafana", "provisioning", "dashboards", "feedline.yml")) as f:
+        path = yaml.safe_load(f)["providers"][0]["options"]["path"]
+    assert path in mounted and not path.startswith("/var/lib/grafana")  # not under the data tmpfs
+    assert grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == path + "/feedline.json"
+    assert os.path.exists(os.path.join(ROOT, "grafana", "dashboards", "feedline.json"))
 
 # -- Kubernetes -------------------------------------------------------------------------------------------
 
