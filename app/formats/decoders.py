@@ -301,9 +301,9 @@ class Decoder:
         try:
             check_stored(len(data), self.max_member_bytes)
             return fn(data)
-        except MemberTooLarge as exc:
-            if exc.member is None:
-                exc.member = ext
+        except DecodeError as exc:  # MemberTooLarge names it in its message; any other, for who reports it
+            if getattr(exc, "member", None) is None:
+                exc.member = ext  # type: ignore[attr-defined]
             raise
 
     def overrides(self, ext: str) -> bool:

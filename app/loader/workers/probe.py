@@ -22,6 +22,7 @@ import numpy as np
 
 from ...errors import SettingError
 from ...formats import parquet, tfrecord
+from ...formats.bounds import DecodeError, MemberTooLarge
 from ...formats.decoders import Decoder, UnsafeMemberError
 from ...formats.shard_index import ShardError, load_index
 from ..layout.sample import FieldSelection, Transform, load_sample
@@ -43,6 +44,9 @@ class Probe:
 
     samples: list[dict[str, Any]] = field(default_factory=list)
     largest: dict[str, int] = field(default_factory=dict)  # longest member per extension, from the indexes
+    refused: list[tuple[str, str, Exception]] = field(default_factory=list)  # (shard, key, why) of samples not read
+    bad_shards: list[str] = field(default_factory=list)  # why each shard that could not be indexed was not
+    indexed: int = 0  # samples the probed shards' indexes hold
 
 
 def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted: set[str] | None,
@@ -62,7 +66,9 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
             index = load_index(path)
         except ShardError as exc:
             log.warning("%s", exc)
+            found.bad_shards.append(str(exc))
             continue
+        found.indexed += len(index.samples)
         records = tfrecord.is_tfrecord(path) or parquet.is_parquet(path)
         for ref in index.samples if not records else ():  # a record's index entry is a place, not a member
             for ext, (_, size) in ref.fields.items():
@@ -82,6 +88,7 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
                 raise SettingError("fields", f"{path} sample {ref.key!r}: {exc}") from None
             except Exception as exc:
                 log.warning("%s sample %r cannot be read (%s); trying the next", path, ref.key, exc)
+                found.refused.append((path, ref.key, exc))
                 continue
             found.samples.append(sample)
         parquet.ROW_GROUPS.clear()  # the trainer keeps no row groups, nor their mappings
@@ -152,7 +159,7 @@ def resolve_spec(spec: Spec | Mapping[str, Any] | None, shards: list[str], descr
         if declared is not None:
             return declared, []
         raise SettingError("spec", f"no readable sample in the first shards of {describe} to infer the batch "
-                                   f"layout from; pass spec= or check the shards")
+                                   f"layout from: {why_none(found)}")
     if declared is not None:
         for sample in found.samples:
             _check(declared, sample)
@@ -166,6 +173,36 @@ def resolve_spec(spec: Spec | Mapping[str, Any] | None, shards: list[str], descr
         f"{f.name} {np.dtype(f.dtype).name}{list(f.shape)}{' variable' if f.variable else ''}"
         for f in inferred.fields))
     return inferred, found.samples
+
+
+def why_none(found: Probe) -> str:
+    """What refused every sample probed, and the fix: the first refusal of the commonest kind, with its count."""
+    if not found.refused:
+        if found.bad_shards:
+            return f"no shard of them could be indexed ({found.bad_shards[0]}); check the shards"
+        return "their indexes hold no sample; check the shards (a tar's members are grouped by key: dir/key.ext)"
+    too_large = [r for r in found.refused if isinstance(r[2], MemberTooLarge)]
+    undecodable = [r for r in found.refused if isinstance(r[2], DecodeError) and not isinstance(r[2], MemberTooLarge)]
+    rejected = [r for r in found.refused if isinstance(r[2], SampleRejected)]
+    tried = len(found.refused)
+    if too_large:
+        path, key, exc = too_large[0]
+        return (f"{len(too_large)} of the {tried} samples tried have a member past the bound, as {path} sample "
+                f"{key!r}: {exc}. If members are meant to be that large, raise it above them, within what a worker "
+                f"may hold (StagingLoader(max_member_bytes=...)); else leave the field out (fields=[...])")
+    if undecodable:
+        path, key, exc = undecodable[0]
+        member = getattr(exc, "member", None)
+        return (f"{len(undecodable)} of the {tried} samples tried have a member that cannot be decoded, as {path} "
+                f"sample {key!r}{f' member {member!r}' if member else ''}: {exc}. Check the shards were written whole, leave the field out (fields=[...]), "
+                f"or pass decode={{'ext': your_function}}")
+    if rejected:
+        path, key, exc = rejected[0]
+        return (f"{len(rejected)} of the {tried} samples tried were refused ({exc.reason}), as {path} sample "
+                f"{key!r}: {exc}")
+    path, key, exc = found.refused[0]
+    return (f"reading them raised, as {path} sample {key!r}: {type(exc).__name__}: {exc}. If that is your "
+            f"transform's or decoder's error, fix it there")
 
 
 def _check(spec: Spec, sample: dict[str, Any]) -> None:
