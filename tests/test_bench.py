@@ -24,7 +24,7 @@ def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
          "--jpeg-samples", "48", "--sample-size", "64KiB", "--json", str(out_json), "--markdown", str(out_md),
          # the distributed workload is scripts/two-nodes twice, which tests/test_distributed.py runs already
          "--workloads", "raw,jpeg,captioned,scaling,sampler",
-         "--host", "test-host", "--peers", "off"],  # the peers' rows: tests/test_peers.py
+         "--host", "test-host", "--peers", "off", "--fast-peers", "off"],  # the peers' rows: tests/test_peers.py, tests/test_fast_peers.py
         capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(out_json.read_text())["test-host"]

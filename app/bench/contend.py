@@ -26,6 +26,8 @@ log = logging.getLogger("feedline.bench")
 
 STOCK_PILLOW = os.path.join(".venv", "stock-pillow")
 PEERS_VENV = ".venv-peers"  # scripts/setup-peers: the peer loaders, away from .venv's pins
+FAST_VENV = ".venv-fast"  # scripts/setup-fast-peers: DALI and SPDL, away from .venv's size
+FAST_ROWS = {"dali": "DALI CPU pipeline", "spdl": "SPDL pipeline"}  # the tar shards, as many threads as workers
 PEER_ROWS = {"mosaic": "Mosaic Streaming + DataLoader", "litdata": "LitData StreamingDataLoader",
              "tfdata": "tf.data (TFRecord)", "hf": "HF datasets + DataLoader (Parquet)"}
 _PEER_DIRS = shutil.ignore_patterns(*PEER_ROWS)  # the peers' copies of a dataset: only their rows read them
@@ -64,13 +66,24 @@ def _contender(name: str, workload: str, shards: str, args: argparse.Namespace, 
     return (launch or _run_json)(cmd, env, workload, label)  # launch: gpu-check's profile runs it under py-spy
 
 
+def _venv_python(venv: str, stamp: str, setting: str, script: str) -> str | None:
+    """``venv``'s Python when its rows run (``setting``: auto, on, off), else None; on without it is refused."""
+    python = os.path.join(venv, "bin", "python")
+    ready = os.path.exists(os.path.join(venv, stamp)) and os.access(python, os.X_OK)
+    if setting == "on" and not ready:
+        raise SystemExit(f"{venv} is not installed; run {script}")
+    return python if ready and setting != "off" else None
+
+
 def _peers_python(args: argparse.Namespace) -> str | None:
     """``.venv-peers``'s Python when the peers' rows run, else None; ``--peers on`` without it is refused."""
-    python = os.path.join(PEERS_VENV, "bin", "python")
-    ready = os.path.exists(os.path.join(PEERS_VENV, ".feedline-peers")) and os.access(python, os.X_OK)
-    if args.peers == "on" and not ready:
-        raise SystemExit(f"--peers on: {PEERS_VENV} is not installed; run ./scripts/setup-peers")
-    return python if ready and args.peers != "off" else None
+    return _venv_python(PEERS_VENV, ".feedline-peers", args.peers, "./scripts/setup-peers")
+
+
+def _fast_python(args: argparse.Namespace) -> str | None:
+    """``.venv-fast``'s Python when DALI's and SPDL's rows run, else None; ``--fast-peers on`` without it is
+    refused."""
+    return _venv_python(FAST_VENV, ".feedline-fast", getattr(args, "fast_peers", "auto"), "./scripts/setup-fast-peers")
 
 
 def _peer_formats(src: str, workload: str, python: str) -> None:
@@ -90,13 +103,20 @@ def _peer_formats(src: str, workload: str, python: str) -> None:
 
 def _peer_contender(peer: str, workload: str, root: str, args: argparse.Namespace, python: str,
                     seconds: float | None = None, *extra: str) -> dict[str, Any]:
+    """A peer of ``.venv-peers`` on its own format of the dataset under ``root``."""
+    return _venv_contender(peer, workload, os.path.join(root, peer), args, python, seconds, *extra)
+
+
+def _venv_contender(name: str, workload: str, shards: str, args: argparse.Namespace, python: str,
+                    seconds: float | None = None, *extra: str) -> dict[str, Any]:
+    """A contender run by another venv's Python (a peer's, DALI's and SPDL's)."""
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
-    cmd = [python, "-m", "feedline.bench.contenders", peer, "--workload", workload,
-           "--shards", os.path.join(root, peer), "--workers", str(args.workers), "--batch-size", str(args.batch_size),
+    cmd = [python, "-m", "feedline.bench.contenders", name, "--workload", workload,
+           "--shards", shards, "--workers", str(args.workers), "--batch-size", str(args.batch_size),
            "--seconds", str(seconds if seconds is not None else args.seconds),
            "--sample-bytes", str(parse_size(args.sample_size)), *extra]
-    return _run_json(cmd, env, workload, peer)
+    return _run_json(cmd, env, workload, name)
 
 
 def _run_json(cmd: list[str], env: dict[str, str], workload: str, label: str) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from ..formats.transforms import RandomResizedCrop
 from ..loader.settings import SHUFFLES
 from . import peers
 from .pyspy import TIMING
+
+FAST = ("dali", "spdl")  # fast_peers.py's loaders, run from .venv-fast (imported there only: DALI, SPDL)
 from .samples import Convert, collate_mixed, tar_samples
 
 
@@ -128,6 +130,13 @@ def _peer(name: str) -> Callable[[argparse.Namespace, list[str]], Iterable[dict[
     return make
 
 
+def _fast(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
+    """DALI's CPU pipeline or SPDL (``fast_peers.py``, run by ``.venv-fast``'s Python), on the tar shards."""
+    from . import fast_peers
+
+    return fast_peers.loader(args.loader, shards, args.workload, args.image_size, args.batch_size, args.workers)
+
+
 def _batch_payload(batch: Any) -> tuple[int, int, list[torch.Tensor]]:
     """(samples, bytes, tensors) of a batch, whatever shape the contender returns."""
     if isinstance(batch, dict):
@@ -162,7 +171,7 @@ def _children_rss_mb() -> list[float]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     shards = sorted(glob.glob(args.shards))
     makers = {"feedline": _feedline, "dataloader": _dataloader, "webdataset": _webdataset}
-    make = makers[args.loader] if args.loader in makers else _peer(args.loader)
+    make = makers[args.loader] if args.loader in makers else _fast if args.loader in FAST else _peer(args.loader)
     loader = make(args, shards)
     cuda = torch.device("cuda") if torch.cuda.is_available() else None
     samples = nbytes = batches = batches_start = 0
@@ -253,6 +262,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         extra["trainer_threads_ms"] = others * 1e3 / timed
     if args.loader in peers.PEERS:
         extra["versions"][args.loader] = peers.version(args.loader)
+    if args.loader in FAST:
+        from . import fast_peers
+
+        extra["versions"][args.loader] = fast_peers.version(args.loader)
     return {"loader": args.loader, "workload": args.workload, "samples": samples, "seconds": wall,
             "samples_per_s": samples / wall, "mb_per_s": nbytes / 1e6 / wall, "main_cpu_pct": 100.0 * cpu / wall,
             "epochs": epochs, "pil": PIL.__version__, "zero_copy": bool(args.zero_copy), **extra}
@@ -327,7 +340,7 @@ def single_core_rate(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("loader", choices=("feedline", "dataloader", "webdataset", *peers.PEERS, "single-core"))
+    p.add_argument("loader", choices=("feedline", "dataloader", "webdataset", *peers.PEERS, *FAST, "single-core"))
     p.add_argument("--workload", choices=("raw", "small", "jpeg", "captioned", "video"), required=True)
     p.add_argument("--shards", required=True, help="a glob of shards (tar, TFRecord or Parquet files; a peer: its format's directory)")
     p.add_argument("--workers", type=int, default=2)

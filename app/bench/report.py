@@ -49,6 +49,18 @@ FILES_NOTE = ("TFRecord and Parquet (issue 36): the same samples, one file per t
               "conversion into its Arrow cache is not timed), `set_transform` with the DataLoader rows' per-sample "
               "work, in a torch `DataLoader`.")
 
+FAST_NOTE_ROWS = ("DALI CPU pipeline", "SPDL pipeline")
+FAST_NOTE = ("DALI and SPDL (issue 63) read the same tar shards with as many threads as the feedline rows have "
+             "workers, from `.venv-fast` (`scripts/setup-fast-peers`: nvidia-dali-cuda130 2.4.0, spdl 0.8.0; "
+             "`app/bench/fast_peers.py`). DALI: a CPU-only pipeline (`device_id=None`): `fn.readers.webdataset` with "
+             "its shuffle buffer, and for JPEG its fused crop decode `fn.decoders.image_random_crop` (the same area "
+             "and aspect ranges; only the box decoded) then `fn.resize` with antialiasing, out through "
+             "`DALIGenericIterator` as torch tensors (the `.cls` text padded in the pipeline, read as a number in the "
+             "iterator: DALI has no operator that parses text). SPDL: its `PipelineBuilder` in threads: shards split "
+             "into samples by `spdl.io.iter_tarfile`, each sample converted in its thread pool (JPEG: FFmpeg decodes "
+             "the image and a crop-and-scale filter cuts the same random box to 224x224), `aggregate` into batches, "
+             "stacked.")
+
 SMALL_NOTE = ("The last column is the training process's CPU a batch that is the loader's: the loop's thread inside "
               "`next()` (and, for a baseline on a GPU host, its own copy to the device) plus every other thread of "
               "the process, over the timed part (DESIGN.md, \"The training process's share\"). The stand-in rows run "
@@ -149,6 +161,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 lines += [ORDER_NOTE, ""]
             if any(name in rows for name in FILES_NOTE_ROWS):
                 lines += [FILES_NOTE, ""]
+            if any(name in rows for name in FAST_NOTE_ROWS):
+                lines += [FAST_NOTE, ""]
             if rows.get("1 core, crop decoder", {}).get("turns"):
                 lines += [SINGLE_CORE_NOTE, ""]
             if workload == "small":

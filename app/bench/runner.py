@@ -26,16 +26,19 @@ from .sections import SECTIONS, keep_earlier_sections
 from .shuffle_section import Runners, shuffle_workload
 from .rounds import AGAINST_DRAFT, Contender, interleaved, split_against_draft
 from .contend import (
+    FAST_ROWS,
     FILE_ROWS,
     PEER_ROWS,
     _PEER_DIRS,
     _contender,
     _cuda_copy_bandwidth,
     _dataset,
+    _fast_python,
     _peer_contender,
     _peer_formats,
     _peers_python,
     _run_json,
+    _venv_contender,
 )
 
 log = logging.getLogger("feedline.bench")
@@ -67,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", choices=("auto", "on", "off"), default="auto",
                    help="raw and JPEG rows for Mosaic Streaming, LitData, tf.data and HF datasets, run from .venv-peers "
                         "(scripts/setup-peers); auto: when it is installed")
+    p.add_argument("--fast-peers", choices=("auto", "on", "off"), default="auto",
+                   help="raw and JPEG rows for NVIDIA DALI's CPU pipeline and SPDL, run from .venv-fast "
+                        "(scripts/setup-fast-peers); auto: when it is installed")
 
 
 def _host_label() -> str:
@@ -168,6 +174,10 @@ def _contenders(workload: str, shards: str, args: argparse.Namespace, peers: str
         return Contender(row, lambda t: _contender("feedline", workload, glob_, args, "--zero-copy", seconds=t))
 
     others = [peer(name, peers) for name in PEER_ROWS] if peers else []
+    fast = _fast_python(args) if workload in ("raw", "jpeg") else None
+    if fast:  # DALI's CPU pipeline and SPDL on the same tar shards, as many threads as the rows have workers
+        others += [Contender(row, lambda t, name=name: _venv_contender(name, workload, shards, args, fast, seconds=t))
+                   for name, row in FAST_ROWS.items()]
     feedline = [c("feedline (zero-copy)", "feedline", "--zero-copy"), c("feedline (copy)", "feedline")]
     if peers:
         feedline += [files(name) for name in FILE_ROWS]

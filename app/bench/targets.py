@@ -103,7 +103,8 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
         out.append({"target": "raw 1 MiB: copy mode main-process CPU <= 15 % of a core", "value": _pct(cp),
                     "met": cp["main_cpu_pct"] <= 15})
         out += _peer_targets(raw, "raw 1 MiB", "mb_per_s", {"Mosaic Streaming + DataLoader": 3.0,
-                                                             "LitData StreamingDataLoader": 3.0})
+                                                             "LitData StreamingDataLoader": 3.0,
+                                                             "DALI CPU pipeline": 1.8})
         out += _file_targets(raw, "raw 1 MiB", "mb_per_s", 3.0)
         out += _order_targets(raw, "raw 1 MiB", "mb_per_s")
     small = results["workloads"].get("small")
@@ -122,7 +123,8 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
         out.append({"target": "JPEG: >= 1.2x DataLoader + pillow-simd samples/s", "value": fmt_ratio(r),
                     "met": r[0] >= 1.2})
         out += _peer_targets(jpeg, "JPEG", "samples_per_s", {"Mosaic Streaming + DataLoader": 1.8,
-                                                             "LitData StreamingDataLoader": 1.4})
+                                                             "LitData StreamingDataLoader": 1.4,
+                                                             "DALI CPU pipeline": 1.5})
         out += _file_targets(jpeg, "JPEG", "samples_per_s", 1.5)
         out += _order_targets(jpeg, "JPEG", "samples_per_s")
         mix = jpeg.get("feedline (two-source mix)")
