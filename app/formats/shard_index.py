@@ -10,12 +10,13 @@ JSON next to the shard as ``<id>.idx`` for ``<id>.tar`` — never pickled.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
-from . import parquet, tfrecord
+from . import parquet, tar_headers, tfrecord
 from .files import atomic_write
 from .sample_index import MAX_SAMPLES, TOO_MANY, Sample, ShardError, ShardIndex
 
@@ -49,6 +50,58 @@ def _open_tar(path: str, fd: int | None) -> Iterator[tarfile.TarFile]:
         yield tar
 
 
+def _headers(path: str, fd: int | None) -> Generator[tar_headers.Member, None, int]:
+    """The members from the headers read directly (``tar_headers``); ``Unusual`` where ``tarfile`` should."""
+    with open(path if fd is None else f"/proc/self/fd/{fd}", "rb") as f:  # fd: the file, even if unlinked since
+        if os.fstat(f.fileno()).st_size == 0:
+            raise tar_headers.Unusual("an empty file")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data, memoryview(data) as view:
+            return (yield from tar_headers.members(view))
+
+
+def _tarfile_members(path: str, fd: int | None) -> Generator[tar_headers.Member, None, int]:
+    """The regular members as ``tarfile`` reads them, and where they end."""
+    with _open_tar(path, fd) as tar:
+        while (info := tar.next()) is not None:
+            tar.members.clear()  # tarfile keeps every header it read (440 B each): a shard of tiny members
+            if info.isfile():  # would hold gigabytes of them; the index keeps what it needs
+                yield tar_headers.Member(info.name, info.offset_data, info.size)
+        return tar.offset
+
+
+def _samples(path: str, shard_bytes: int, walk: Generator[tar_headers.Member, None, int]) -> list[Sample]:
+    """The members grouped into samples (webdataset's keys), the file checked whole."""
+    samples: list[Sample] = []
+    key: str | None = None
+    fields: dict[str, tuple[int, int]] = {}
+    while True:
+        try:
+            name, offset, size = next(walk)
+        except StopIteration as done:
+            end = done.value
+            break
+        if offset + size > shard_bytes:
+            raise ShardError(path, f"truncated: member {name!r} needs bytes up to {offset + size}, the file has "
+                                   f"{shard_bytes}")
+        parts = split_key(name)
+        if parts is None:
+            continue
+        k, ext = parts
+        if k != key or ext in fields:
+            if key is not None and fields:
+                samples.append(Sample(key, fields))
+                if len(samples) > MAX_SAMPLES:
+                    raise ShardError(path, TOO_MANY)
+            key, fields = k, {}
+        fields[ext] = (offset, size)
+    if shard_bytes < end + tarfile.BLOCKSIZE:
+        # Every complete archive ends with zero blocks; a cut at a member boundary has none.
+        raise ShardError(path, f"truncated: no end-of-archive marker after byte {end}")
+    if key is not None and fields:
+        samples.append(Sample(key, fields))
+    return samples
+
+
 def build_index(path: str, fd: int | None = None, fmt: str | None = None) -> ShardIndex:
     """Scan the tar headers of ``path`` (ustar, GNU and pax all read the same), a TFRecord file's record
     headers (``tfrecord.py``) or a Parquet file's footer (``parquet.py``): the name's suffix, or ``fmt``'s (the
@@ -65,42 +118,15 @@ def build_index(path: str, fd: int | None = None, fmt: str | None = None) -> Sha
         shard_bytes = os.fstat(fd).st_size if fd is not None else os.stat(path).st_size
     except OSError as exc:
         raise ShardError(path, f"cannot stat: {exc.strerror}") from None
-    samples: list[Sample] = []
-    key: str | None = None
-    fields: dict[str, tuple[int, int]] = {}
     try:
-        with _open_tar(path, fd) as tar:
-            while (info := tar.next()) is not None:
-                tar.members.clear()  # tarfile keeps every header it read (440 B each): a shard of tiny members
-                if not info.isfile():  # would hold gigabytes of them; the index keeps what it needs
-                    continue
-                if info.offset_data + info.size > shard_bytes:
-                    raise ShardError(
-                        path,
-                        f"truncated: member {info.name!r} needs bytes up to "
-                        f"{info.offset_data + info.size}, the file has {shard_bytes}",
-                    )
-                parts = split_key(info.name)
-                if parts is None:
-                    continue
-                k, ext = parts
-                if k != key or ext in fields:
-                    if key is not None and fields:
-                        samples.append(Sample(key, fields))
-                        if len(samples) > MAX_SAMPLES:
-                            raise ShardError(path, TOO_MANY)
-                    key, fields = k, {}
-                fields[ext] = (info.offset_data, info.size)
-            end = tar.offset
-        if shard_bytes < end + tarfile.BLOCKSIZE:
-            # Every complete archive ends with zero blocks; a cut at a member boundary has none.
-            raise ShardError(path, f"truncated: no end-of-archive marker after byte {end}")
+        try:
+            samples = _samples(path, shard_bytes, _headers(path, fd))
+        except tar_headers.Unusual:
+            samples = _samples(path, shard_bytes, _tarfile_members(path, fd))
     except tarfile.TarError as exc:
         raise ShardError(path, f"not a readable tar file ({exc})") from None
     except OSError as exc:
         raise ShardError(path, f"read failed: {exc}") from None
-    if key is not None and fields:
-        samples.append(Sample(key, fields))
     if not samples and shard_bytes > 0:
         raise ShardError(path, "holds no samples (no member has a key.extension name)")
     return ShardIndex(path, shard_bytes, samples)
