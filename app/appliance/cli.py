@@ -363,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     soak_arguments(p)
     p.set_defaults(func=cmd_soak)
 
-    from ..bench.runner import add_arguments as bench_arguments
+    from ..bench.options import add_arguments as bench_arguments
 
     p = sub.add_parser("bench", help="this loader against torch DataLoader and webdataset, side by side")
     bench_arguments(p)

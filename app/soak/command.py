@@ -10,9 +10,7 @@ import os
 import signal
 from typing import Any
 
-from .analysis import Targets, judge, table
-from .chart import render
-from .run import Soak, SoakSettings
+from .settings import SoakSettings, Targets
 
 log = logging.getLogger("feedline.soak")
 
@@ -63,6 +61,10 @@ def _code_version() -> str:
 
 def run(args: argparse.Namespace) -> int:
     """0 when every target was met, 1 when one was not (the table says which)."""
+    from .analysis import judge, table  # the run's machinery: imported by this command alone
+    from .chart import render
+    from .run import Soak
+
     settings = SoakSettings(minutes=args.minutes, interval=args.interval, warmup=args.warmup,
                             worker_warmup=args.worker_warmup, worker_every=args.worker_every,
                             store_down=args.store_down, workers=args.workers, cached_shards=args.cached_shards,

@@ -27,32 +27,12 @@ from ..formats.shard_index import load_index
 from ..formats.shard_writer import ShardWriter
 from .faults import SIDECAR_KILL, STORE_DOWN, TRAINER_STOP, WORKER_KILL, Fault, schedule
 from .probe import children, footprint, shard_bytes, shm_used, started_at, tree_bytes
+from .settings import SoakSettings
 
 log = logging.getLogger("feedline.soak")
 
 ROLES = ("trainer", "worker", "sidecar", "store", "prometheus")
 
-
-@dataclass(frozen=True)
-class SoakSettings:
-    """What a soak run does; the defaults are the recorded hour (docs/reliability.md)."""
-
-    minutes: float = 60.0
-    interval: float = 10.0  # seconds between samples
-    warmup: float = 600.0  # seconds after the start that the slopes leave out
-    worker_warmup: float = 60.0  # seconds after a decode worker's (re)start that its slope leaves out
-    worker_every: float = 300.0  # a decode worker is SIGKILLed this often
-    store_down: float = 30.0  # seconds the store is down, once
-    shards: int = 40
-    samples_per_shard: int = 100
-    image: tuple[int, int] = (128, 96)
-    cached_shards: int = 16  # the sidecar's budget, in shards: the dataset does not fit, so it evicts
-    workers: int = 2
-    batch_size: int = 32
-    step_ms: float = 50.0  # the step, not decode, sets the pace: a busy machine slows decode first
-    fetch_threads: int = 2
-    seed: int = 0
-    out: str = "data/soak"
 
 
 @dataclass
