@@ -27,7 +27,7 @@ import torch
 
 from ..formats.transforms import RandomResizedCrop
 from ..loader.settings import SHUFFLES
-from . import peers
+from . import children, peers
 from .pyspy import TIMING
 
 FAST = ("dali", "spdl")  # fast_peers.py's loaders, run from .venv-fast (imported there only: DALI, SPDL)
@@ -149,25 +149,6 @@ def _batch_payload(batch: Any) -> tuple[int, int, list[torch.Tensor]]:
     return int(tensors[0].shape[0]), sum(t.nbytes for t in tensors), tensors
 
 
-def _children_rss_mb() -> list[float]:
-    """Resident memory (MB) of each child process of this one (a loader's workers)."""
-    pids: list[str] = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids += f.read().split()
-        except OSError:
-            continue
-    out = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                out += [int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:")]
-        except OSError:
-            continue
-    return out
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     shards = sorted(glob.glob(args.shards))
     makers = {"feedline": _feedline, "dataloader": _dataloader, "webdataset": _webdataset}
@@ -177,6 +158,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     samples = nbytes = batches = batches_start = 0
     standin_start = 0.0
     t_start = cpu_start = None
+    workers_start: dict[str, float] = {}
     deadline = None
     epochs = 0
     first: dict[str, Any] = {"labels": [], "shapes": set()}  # --report-epoch: what the first epoch delivered
@@ -211,6 +193,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if cuda is not None:
                         torch.cuda.synchronize()
                     t_start, cpu_start, thread_start = time.perf_counter(), time.process_time(), time.thread_time()
+                    workers_start = children.cpu_seconds()
                     batches_start = batches
                     standin_start = loader.cost().standin_seconds if hasattr(loader, "cost") else 0.0
                     deadline = t_start + args.seconds
@@ -234,7 +217,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     wall = time.perf_counter() - t_start if t_start else float("nan")
     cpu = time.process_time() - cpu_start if cpu_start is not None else float("nan")
     extra: dict[str, Any] = {}
-    rss = _children_rss_mb()
+    if t_start is not None:  # the workers' CPU over the timed part (those alive at its start and end)
+        workers_end = children.cpu_seconds()
+        used = sum(workers_end[p] - workers_start[p] for p in workers_end if p in workers_start)
+        if used > 0:
+            extra["workers_cpu_pct"] = 100.0 * used / wall
+    rss = children.rss_mb()
     if rss:  # the largest worker process's resident memory at the end of the timed part
         extra["worker_rss_mb"] = max(rss)
     if hasattr(loader, "stats"):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 METRICS = ("samples_per_s", "mb_per_s", "main_cpu_pct", "starvation", "draft_samples_per_s", "trainer_ms_per_batch",
-           "step_ms", "speed")
+           "step_ms", "speed", "workers_cpu_pct")
 
 
 @dataclass(frozen=True)

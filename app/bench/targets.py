@@ -142,6 +142,12 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
                     "value": f"{100 * share[0]:.0f} % ({100 * share[1]:.0f}-{100 * share[2]:.0f}; "
                              f"{fl['samples_per_s']:.0f} of {workers} x {core['samples_per_s']:.0f})",
                     "met": share[0] >= 0.9})
+        if fl.get("workers_cpu_pct"):  # where the rest goes: the cores the workers had, and their rate on them
+            had = fl["workers_cpu_pct"] / 100
+            out.append({"target": f"JPEG: the {workers} workers' CPU (a row, no target)",
+                        "value": f"{100 * had / workers:.0f} % of {workers} cores; per CPU-second "
+                                 f"{100 * fl['samples_per_s'] / had / core['samples_per_s']:.0f} % of one core's "
+                                 f"rate alone", "met": None})
     cap = results["workloads"].get("captioned")
     if cap:
         fl, wd = cap["feedline (zero-copy)"], cap["webdataset + DataLoader"]

@@ -14,6 +14,8 @@ import mmap
 import os
 import re
 import tarfile
+import threading
+from collections import OrderedDict
 from collections.abc import Generator, Iterator
 
 from . import parquet, tar_headers, tfrecord
@@ -21,6 +23,9 @@ from .files import atomic_write
 from .sample_index import MAX_SAMPLES, TOO_MANY, Sample, ShardError, ShardIndex
 
 INDEX_SUFFIX = ".idx"
+# A worker opens each of its shards again every epoch: the indexes it read or built are kept, up to this many samples
+# in all (some 450 bytes each), for the file they were made from: same device, inode, size and modification time.
+MEMO_SAMPLES = 1 << 16
 
 # webdataset's rules (tariterators.base_plus_ext, tar_file_iterator), to the letter: the key is the
 # path up to the first dot of the last component; the rest (possibly with more dots, "seg.png") is the
@@ -146,8 +151,51 @@ def write_index(index: ShardIndex, dest: str | None = None, mode: int = 0o644) -
     return dest
 
 
+class _Memo:
+    """The indexes a process read or built last, by the identity of their file (a file replaced is a new one)."""
+
+    def __init__(self, max_samples: int = MEMO_SAMPLES):
+        self.max_samples = max_samples
+        self._kept: OrderedDict[tuple[str, int, int, int, int], ShardIndex] = OrderedDict()
+        self._samples = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int, int, int, int]) -> ShardIndex | None:
+        with self._lock:
+            index = self._kept.get(key)
+            if index is not None:
+                self._kept.move_to_end(key)
+            return index
+
+    def put(self, key: tuple[str, int, int, int, int], index: ShardIndex) -> None:
+        with self._lock:
+            if key in self._kept or len(index.samples) > self.max_samples:
+                return
+            self._kept[key] = index
+            self._samples += len(index.samples)
+            while self._samples > self.max_samples:
+                self._samples -= len(self._kept.popitem(last=False)[1].samples)
+
+
+_MEMO = _Memo()
+
+
 def load_index(path: str, fd: int | None = None) -> ShardIndex:
-    """The stored index when it matches the shard's size, else a fresh scan (of ``fd`` if given)."""
+    """The index of the shard as it is now: kept from an earlier call, stored beside it (``.idx``, when it matches
+    the shard's size) or a fresh scan (of ``fd`` if given)."""
+    try:
+        st = os.fstat(fd) if fd is not None else os.stat(path)
+    except OSError:
+        return _load_index(path, fd)
+    key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    index = _MEMO.get(key)
+    if index is None:
+        index = _load_index(path, fd)
+        _MEMO.put(key, index)
+    return index
+
+
+def _load_index(path: str, fd: int | None) -> ShardIndex:
     try:
         with open(index_path(path)) as f:
             index = ShardIndex.from_json(path, f.read())

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import logging
@@ -187,6 +188,7 @@ def compression(name: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)  # asked of a shard's name for each of its samples
 def is_tfrecord(name: str) -> bool:
     """A TFRecord file's name: ``.tfrecord``, ``.tfrecords``, either ``.gz``, or TFDS's
     ``<name>.tfrecord-00000-of-00016``."""
@@ -194,6 +196,7 @@ def is_tfrecord(name: str) -> bool:
     return path.endswith(TFRECORD_SUFFIXES) or TFDS_NAME.search(path) is not None
 
 
+@functools.lru_cache(maxsize=4096)
 def is_parquet(name: str) -> bool:
     return url_path(name).lower().endswith(".parquet")
 
