@@ -88,6 +88,21 @@ def test_stale_index_is_not_trusted(tmp_path):
     assert len(load_index(path).samples) == 5
 
 
+def test_a_shards_index_is_kept_by_the_process_and_read_once_an_epoch_not_more(tmp_path):
+    path = write_tar(str(tmp_path / "a.tar"), _samples())
+    assert load_index(path) is load_index(path)
+
+
+def test_a_shard_rewritten_in_place_or_replaced_under_its_name_is_indexed_again(tmp_path):
+    path = write_tar(str(tmp_path / "a.tar"), _samples()[:2])
+    assert len(load_index(path).samples) == 2
+    write_tar(path, _samples()[:3])  # the same file rewritten (a new size, a new modification time)
+    assert len(load_index(path).samples) == 3
+    write_tar(str(tmp_path / "b.tar"), _samples())
+    os.replace(tmp_path / "b.tar", path)  # another file under the name (a new inode)
+    assert len(load_index(path).samples) == 5
+
+
 def test_truncated_shard_is_refused_with_a_clear_message(tmp_path):
     path = write_tar(str(tmp_path / "t.tar"), _samples())
     size = os.path.getsize(path)

@@ -24,7 +24,8 @@ from .sample_index import MAX_SAMPLES, TOO_MANY, Sample, ShardError, ShardIndex
 
 INDEX_SUFFIX = ".idx"
 # A worker opens each of its shards again every epoch: the indexes it read or built are kept, up to this many samples
-# in all (some 450 bytes each), for the file they were made from: same device, inode, size and modification time.
+# in all (some 450 bytes each), for the file they were made from: same device, inode, size, modification and change
+# times.
 MEMO_SAMPLES = 1 << 16
 
 # webdataset's rules (tariterators.base_plus_ext, tar_file_iterator), to the letter: the key is the
@@ -156,18 +157,18 @@ class _Memo:
 
     def __init__(self, max_samples: int = MEMO_SAMPLES):
         self.max_samples = max_samples
-        self._kept: OrderedDict[tuple[str, int, int, int, int], ShardIndex] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, int, int, int, int, int], ShardIndex] = OrderedDict()
         self._samples = 0
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, int, int, int, int]) -> ShardIndex | None:
+    def get(self, key: tuple[str, int, int, int, int, int]) -> ShardIndex | None:
         with self._lock:
             index = self._kept.get(key)
             if index is not None:
                 self._kept.move_to_end(key)
             return index
 
-    def put(self, key: tuple[str, int, int, int, int], index: ShardIndex) -> None:
+    def put(self, key: tuple[str, int, int, int, int, int], index: ShardIndex) -> None:
         with self._lock:
             if key in self._kept or len(index.samples) > self.max_samples:
                 return
@@ -187,7 +188,7 @@ def load_index(path: str, fd: int | None = None) -> ShardIndex:
         st = os.fstat(fd) if fd is not None else os.stat(path)
     except OSError:
         return _load_index(path, fd)
-    key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     index = _MEMO.get(key)
     if index is None:
         index = _load_index(path, fd)
