@@ -13,7 +13,7 @@ import pytest
 from helpers import id_shards, peer_written, trained_samples
 
 from feedline import Source, StagingLoader
-from feedline.formats import parquet
+from feedline.formats import parquet, parquet_pages
 
 @pytest.fixture(scope="module")
 def hf_written(tmp_path_factory):
@@ -96,8 +96,8 @@ def test_the_dictionary_page_size_is_read_from_its_header_as_pyarrow_wrote_it(tm
     data = (tmp_path / "w.parquet").read_bytes()
     chunk = pq.read_metadata(tmp_path / "w.parquet").row_group(0).column(0)
     assert chunk.has_dictionary_page
-    assert parquet.dictionary_page_bytes(data, chunk.dictionary_page_offset) == sum(4 + len(w) for w in words)
-    assert parquet.dictionary_page_bytes(data, chunk.data_page_offset) is None  # a data page: not a dictionary's
+    assert parquet_pages.dictionary_page_bytes(data, chunk.dictionary_page_offset) == sum(4 + len(w) for w in words)
+    assert parquet_pages.dictionary_page_bytes(data, chunk.data_page_offset) is None  # a data page: not a dictionary's
 
 
 def test_large_distinct_values_read_densely_and_a_repeated_value_as_a_dictionary(tmp_path):
@@ -196,3 +196,17 @@ def test_a_mixture_of_tar_and_parquet_sources(tmp_path):
 def test_feedline_train_trains_on_hugging_face_parquet_files(hf_written, tmp_path):
     d, _ = hf_written
     assert trained_samples(str(d / "*.parquet"), tmp_path) == [24]
+
+
+def test_a_binary_column_bound_for_a_slot_is_a_view_of_the_row_group_read_in_batches_not_a_copy(tmp_path):
+    values = [os.urandom(300_000) for _ in range(6)] + [None, b""]
+    pq.write_table(pa.table({"bin": pa.array(values, pa.binary())}), tmp_path / "v.parquet", row_group_size=8)
+    data = memoryview((tmp_path / "v.parquet").read_bytes())
+    groups = parquet.RowGroups()
+    table = groups.table("v.parquet", data, 0, None)
+    assert table.column(0).num_chunks > 1  # ~1 MiB batches: no buffer grown to the group's size
+    for i, value in enumerate(values):
+        kind, got = parquet.read_row("v.parquet", data, (0, i), 1 << 20, views={"bin"})["bin"]
+        assert (None if got is None else bytes(got)) == value
+        if value:
+            assert isinstance(got, memoryview) and isinstance(got.obj, pa.Buffer)  # the batch's own buffer

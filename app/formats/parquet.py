@@ -32,7 +32,8 @@ import numpy as np
 
 from .bounds import DEFAULT_MAX_MEMBER_BYTES, DecodeError, MemberTooLarge, about
 from .decoders import Decoder
-from .parquet_pages import PageError, check_pages, dictionary_page_bytes
+from .parquet_pages import PageError, check_pages
+from .parquet_sizes import dense_bytes, group_bytes, is_bytes, stored_bytes
 from .sample_index import MAX_SAMPLES, Sample, ShardError, ShardIndex, open_shard
 from .urls import is_parquet, shard_stem
 
@@ -59,6 +60,9 @@ MAX_ROWS_PER_BYTE = 8
 # it did; a 1 MB file declaring 8 M rows does not.
 MIN_ROW_BYTES = 4
 REFUSED_KEPT = 64  # row groups a worker remembers it refused (their other rows are refused without a read)
+# A row group is read in batches of about this many bytes: read whole, pyarrow grows one buffer a column to the group's
+# size, each doubling a copy of what it holds (a third of the time a 1 MiB row takes to read; a batch a row: half).
+READ_BATCH_BYTES = 1 << 20
 
 
 def build_index(path: str, fd: int | None = None, name: str | None = None) -> ShardIndex:
@@ -150,102 +154,6 @@ def check_rows(path: str, meta: Any, size: int) -> None:
                                f"orders); write the rows into smaller or more files")
 
 
-# What a value takes once pyarrow reads it, by physical type: its slot (a null takes one too) and a byte for
-# its validity bit (rounded up); a FIXED_LEN_BYTE_ARRAY value its length more, a decimal 32 (decimal256) and
-# a BYTE_ARRAY value its offset (or dictionary index), its bytes counted in the chunk's uncompressed size
-_VALUE_BYTES = {"BOOLEAN": 2, "INT32": 5, "INT64": 9, "INT96": 13, "FLOAT": 5, "DOUBLE": 9, "BYTE_ARRAY": 5,
-                "FIXED_LEN_BYTE_ARRAY": 1}
-_WIDEST = 33  # a decimal, or a type this table does not name
-_AS_DICTIONARY = ("NONE", "STRING", "ENUM")  # byte-array logical types pyarrow reads as dictionaries (binary, str)
-
-
-def group_bytes(meta: Any, group: int, names: Collection[str] | None, data: Any = None,
-                limit: int = 0) -> tuple[int, list[str]]:
-    """What the columns ``names`` (None: all) of a row group take once read, from the footer, and the paths of
-    their byte-array columns written with a dictionary, to read as dictionaries: read densely, each row would
-    hold its value again (a 10 KB string in 200 000 rows is 2 GB, from 10 KB of data).
-
-    A dictionary column (not a list's) is read densely after all where the file (``data``) shows that bounded
-    within ``limit``: each row holds a value of a plain page (their bytes are the chunk's) or one of the
-    dictionary, no larger than its page. A writer falls back to plain pages once the dictionary fills (pyarrow:
-    at 1 MiB), so a column of distinct large values — images, tensors — is mostly plain; read as a dictionary,
-    each value would be hashed into one (a third of the samples/s of 1 MiB rows)."""
-    rg = meta.row_group(group)
-    total, dictionaries = 0, []
-    for i in range(rg.num_columns):
-        chunk, column = rg.column(i), meta.schema.column(i)
-        path = column.path
-        if names is not None and not any(path == n or path.startswith(n + ".") for n in names):
-            continue
-        kind, logical = chunk.physical_type, column.logical_type.type
-        width = _VALUE_BYTES.get(kind, _WIDEST)
-        if logical == "DECIMAL":
-            width = _WIDEST
-        elif kind == "FIXED_LEN_BYTE_ARRAY":
-            width += column.length
-        values = max(chunk.num_values, rg.num_rows)
-        if kind == "BYTE_ARRAY":
-            total += chunk.total_uncompressed_size + values * width
-            if chunk.has_dictionary_page:
-                flat = column.max_repetition_level == 0  # a value a row at most: the rows bound the values
-                page = dictionary_page_bytes(data, chunk.dictionary_page_offset) if data is not None and flat \
-                    else None
-                dense = values * (page if page is not None else chunk.total_uncompressed_size)
-                if logical not in _AS_DICTIONARY or (page is not None and total + dense <= limit):
-                    total += dense  # read densely: every value may be the dictionary's largest
-                else:
-                    dictionaries.append(path)
-        else:
-            total += max(chunk.total_uncompressed_size, values * width)
-        total += rg.num_rows * 4 * column.max_repetition_level  # list offsets
-    return total, dictionaries
-
-
-def stored_bytes(meta: Any, group: int, names: Collection[str] | None) -> int:
-    """The bytes the columns ``names`` (None: all) of a row group take in the file (compressed): what a group
-    read whole is measured against — a large group of real data reads as it always did, one whose footer
-    declares far more than it stores (nulls of a 16 MiB type, one long string repeated) is refused."""
-    rg = meta.row_group(group)
-    total = 0
-    for i in range(rg.num_columns):
-        path = meta.schema.column(i).path
-        if names is None or any(path == n or path.startswith(n + ".") for n in names):
-            total += max(0, rg.column(i).total_compressed_size)
-    return max(1, total)
-
-
-def dense_bytes(column: Any) -> int:
-    """What a column read with dictionaries would take with every value in place (as rows hand them out)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if isinstance(column, pa.ChunkedArray):
-        return sum(dense_bytes(c) for c in column.chunks)
-    kind = column.type
-    if pa.types.is_dictionary(kind) and _is_bytes(kind.value_type):  # each index: the length of its value
-        taken = pc.sum(pc.take(pc.binary_length(column.dictionary), column.indices)).as_py()
-        return column.indices.nbytes + (taken or 0)
-    if pa.types.is_dictionary(kind):  # fixed-width values (a pandas category of numbers): the mean entry each
-        values = column.dictionary
-        return column.indices.nbytes + len(column) * -(-values.nbytes // max(1, len(values)))
-    if pa.types.is_map(kind):
-        return column.offsets.nbytes + dense_bytes(column.keys) + dense_bytes(column.items)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return column.offsets.nbytes + dense_bytes(column.flatten())
-    if pa.types.is_fixed_size_list(kind):
-        return dense_bytes(column.flatten())
-    if pa.types.is_struct(kind):
-        return sum(dense_bytes(c) for c in column.flatten())
-    return column.nbytes
-
-
-def _is_bytes(kind: Any) -> bool:
-    import pyarrow as pa
-
-    return (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_string(kind)
-            or pa.types.is_large_string(kind))
-
-
 class RowGroups:
     """The row groups a worker read last, newest kept, within ``max_bytes`` (the group in use always).
 
@@ -304,7 +212,13 @@ class RowGroups:
             if dictionaries:
                 pf = pq.ParquetFile(pa.BufferReader(pa.py_buffer(base)), metadata=pf.metadata,
                                     read_dictionary=dictionaries)
-            table = pf.read_row_group(group, columns=wanted, use_threads=False)
+                table = pf.read_row_group(group, columns=wanted, use_threads=False)
+            elif rows > 1:  # the table's chunks are the batches' (not copied)
+                size = max(1, rows * READ_BATCH_BYTES // max(need, 1))
+                table = pa.Table.from_batches(list(pf.iter_batches(size, row_groups=[group], columns=wanted,
+                                                                   use_threads=False)))
+            else:
+                table = pf.read_row_group(group, columns=wanted, use_threads=False)
         except (pa.ArrowException, OSError, ValueError, IndexError, KeyError) as exc:
             raise DecodeError(f"row group {group} cannot be read: {exc}") from None
         if dictionaries:
@@ -350,18 +264,41 @@ def read_row(path: str, data: memoryview, span: tuple[int, int], bound: int, col
         if key in out:
             raise DecodeError(f"columns {field.name!r} and another differ only in case; they are fields by their "
                               f"lowercased names")
-        cell, kind = column[row], field.type
-        if pa.types.is_dictionary(kind) and _is_bytes(kind.value_type):  # read as a dictionary: the value it indexes
+        kind = field.type
+        if key in views and (pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+            value: Any = _binary_view(column, row)  # not column[row]: arrow's scalar of a binary value is a copy of it
+            if value is not None and len(value) > bound:
+                raise MemberTooLarge(f"is a {len(value)}-byte value,", bound, member=key)
+            out[key] = (kind, value)
+            continue
+        cell = column[row]
+        if pa.types.is_dictionary(kind) and is_bytes(kind.value_type):  # read as a dictionary: the value it indexes
             kind = kind.value_type
             cell = cell.value if cell.is_valid else pa.scalar(None, kind)
         if key in views and cell.is_valid and (pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
-            value: Any = memoryview(cell.as_buffer())
+            value = memoryview(cell.as_buffer())
         else:
             value = cell.as_py()
         if isinstance(value, (bytes, str, memoryview)) and len(value) > bound:
             raise MemberTooLarge(f"is a {len(value)}-byte value,", bound, member=key)
         out[key] = (kind, value)
     return out
+
+
+def _binary_view(column: Any, row: int) -> memoryview | None:
+    """A binary cell as a view of its chunk's data buffer (None: a null)."""
+    import pyarrow as pa
+
+    for chunk in column.chunks:
+        if row < len(chunk):
+            break
+        row -= len(chunk)
+    if chunk.null_count and not chunk[row].is_valid:
+        return None
+    _, offsets, data = chunk.buffers()
+    width = 8 if pa.types.is_large_binary(chunk.type) else 4
+    start, end = np.frombuffer(offsets, dtype=f"<i{width}", count=2, offset=(chunk.offset + row) * width)
+    return memoryview(data if data is not None else b"")[start:end]
 
 
 def column_value(name: str, typed: tuple[Any, Any], decoder: Decoder) -> Any:

@@ -3,7 +3,7 @@ read.
 
 A column chunk is a run of pages, each a Thrift ``PageHeader`` (compact protocol) then its compressed bytes; the
 header says the page's size uncompressed, which a reader allocates before it decompresses. A footer's sizes are
-checked (``parquet.group_bytes``), but a page may declare more than its chunk's footer entry: the pages of the
+checked (``parquet_sizes.group_bytes``), but a page may declare more than its chunk's footer entry: the pages of the
 columns a worker reads are walked, and a chunk whose pages declare more than the footer says, or that run past
 it, is refused before pyarrow reads it.
 """
