@@ -35,7 +35,9 @@ def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
     assert all(row["samples_per_s"] > 0 for rows in doc["workloads"].values() for row in rows.values())
     assert set(doc["workloads"]["captioned"]) == {"feedline (zero-copy)", "feedline (copy)", "webdataset + DataLoader",
                                                   "DataLoader + hand-written collate"}
-    assert len(doc["targets"]) == 19  # every target but the distributed row
+    assert len(doc["targets"]) == 20  # every target but the distributed row
+    workers_cpu = next(t for t in doc["targets"] if t["target"].startswith("JPEG: where the rest of workers"))
+    assert "% of 1 cores; per CPU-second" in workers_cpu["value"]  # the share of the cores they had, and their rate
     assert sum(t["target"].endswith("(the rows before it)") for t in doc["targets"]) == 2  # issue 50, raw and JPEG
     assert jpeg["feedline (two-source mix)"]["samples_per_s"] > 0  # the mixture's row (issue 25)
     assert any(t["target"].startswith("JPEG: a two-source mixture") for t in doc["targets"])

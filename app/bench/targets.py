@@ -144,7 +144,7 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
                     "met": share[0] >= 0.9})
         if fl.get("workers_cpu_pct"):  # where the rest goes: the cores the workers had, and their rate on them
             had = fl["workers_cpu_pct"] / 100
-            out.append({"target": f"JPEG: the {workers} workers' CPU (a row, no target)",
+            out.append({"target": f"JPEG: where the rest of workers x one core goes ({workers} workers; a row, no target)",
                         "value": f"{100 * had / workers:.0f} % of {workers} cores; per CPU-second "
                                  f"{100 * fl['samples_per_s'] / had / core['samples_per_s']:.0f} % of one core's "
                                  f"rate alone", "met": None})
