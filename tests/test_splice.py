@@ -136,3 +136,17 @@ def test_tls_chunked_and_checksummed_answers_are_not_spliced():
     assert not splice.can_splice(Answer(), tls=False, checksum=True)
     Answer.chunked = True
     assert not splice.can_splice(Answer(), tls=False, checksum=False)
+
+
+def test_a_file_that_takes_no_splice_still_gets_the_bytes_the_pipe_holds(tmp_path):
+    r, w = os.pipe()
+    payload = os.urandom(40_000)
+    os.write(w, payload)
+    path = tmp_path / "appended"
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)  # Linux refuses a splice into an O_APPEND file
+    try:
+        splice._to_file(r, out, len(payload))
+    finally:
+        for fd in (r, w, out):
+            os.close(fd)
+    assert path.read_bytes() == payload

@@ -29,9 +29,9 @@ from ..formats.transforms import RandomResizedCrop
 from ..loader.settings import SHUFFLES
 from . import children, peers
 from .pyspy import TIMING
+from .samples import Convert, collate_mixed, tar_samples
 
 FAST = ("dali", "spdl")  # fast_peers.py's loaders, run from .venv-fast (imported there only: DALI, SPDL)
-from .samples import Convert, collate_mixed, tar_samples
 
 
 class TarShards(torch.utils.data.IterableDataset):

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..formats.transforms import random_box
+from .samples import by_key
 
 CLS_BYTES = 8  # a label's text, padded: up to eight digits
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # the Inception box every JPEG row draws
@@ -105,17 +106,7 @@ def _tar_samples(path: str) -> Iterator[dict[str, Any]]:
 
     with open(path, "rb") as f:
         data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-    sample: dict[str, Any] = {}
-    key = None
-    for name, member in spdl.io.iter_tarfile(data):
-        stem, _, ext = name.rpartition("/")[2].partition(".")
-        if stem != key and sample:
-            yield sample
-            sample = {}
-        key = stem
-        sample[ext] = member
-    if sample:
-        yield sample
+    yield from by_key(spdl.io.iter_tarfile(data))
 
 
 def _collate(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

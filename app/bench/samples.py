@@ -7,34 +7,43 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from ..formats.transforms import RandomResizedCrop
 
+T = TypeVar("T")
+
+
+def by_key(members: Iterable[tuple[str, T]]) -> Iterator[dict[str, T]]:
+    """Consecutive members grouped into samples by key, the name up to its first dot (what a hand-written Dataset
+    does; the fast peers group their own tar readers' members the same way)."""
+    current: dict[str, T] = {}
+    key = None
+    for name, value in members:
+        k, _, ext = name.partition(".")
+        if k != key and current:
+            yield current
+            current = {}
+        key = k
+        current[ext] = value
+    if current:
+        yield current
+
 
 def tar_samples(path: str) -> Iterator[dict[str, bytes]]:
     """Stream a shard with tarfile, grouping members by key (what a hand-written Dataset does)."""
-    current: dict[str, bytes] = {}
-    key = None
     with tarfile.open(path, mode="r|") as tar:
-        for info in tar:
-            if not info.isfile():
-                continue
-            k, _, ext = info.name.partition(".")
-            f = tar.extractfile(info)
-            assert f is not None
-            data = f.read()
-            if k != key and current:
-                yield current
-                current = {}
-            key = k
-            current[ext] = data
-    if current:
-        yield current
+        yield from by_key((info.name, _read(tar, info)) for info in tar if info.isfile())
+
+
+def _read(tar: tarfile.TarFile, info: tarfile.TarInfo) -> bytes:
+    f = tar.extractfile(info)
+    assert f is not None
+    return f.read()
 
 
 class Convert:

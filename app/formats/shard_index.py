@@ -126,9 +126,11 @@ def build_index(path: str, fd: int | None = None, fmt: str | None = None) -> Sha
         raise ShardError(path, f"cannot stat: {exc.strerror}") from None
     try:
         try:
-            samples = _samples(path, shard_bytes, _headers(path, fd))
+            with contextlib.closing(_headers(path, fd)) as walk:  # its mapping ends here, whatever is raised
+                samples = _samples(path, shard_bytes, walk)
         except tar_headers.Unusual:
-            samples = _samples(path, shard_bytes, _tarfile_members(path, fd))
+            with contextlib.closing(_tarfile_members(path, fd)) as walk:
+                samples = _samples(path, shard_bytes, walk)
     except tarfile.TarError as exc:
         raise ShardError(path, f"not a readable tar file ({exc})") from None
     except OSError as exc:

@@ -27,3 +27,9 @@ class FetchError(Exception):
 
 class FetchAborted(Exception):
     """The sidecar is stopping; the partial file was discarded."""
+
+
+def too_large(max_bytes: int) -> FetchError:
+    """A body past the budget, however it is read (buffered or spliced)."""
+    return FetchError("too_large", f"over {max_bytes} bytes, larger than the budget; raise --budget / FEEDLINE_BUDGET",
+                      retry=False)

@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 from ..formats.files import create_new
 from ..formats.urls import redact
 from .auth import origin
-from .errors import FetchAborted, FetchError
+from .errors import FetchAborted, FetchError, too_large
 from .ratelimit import RateLimiter, SpeedFloor
 from . import splice
 from .sources import SourceShard
@@ -324,7 +324,7 @@ class HttpTransport:
                 n += k
                 filled += k
                 if n > max_bytes:
-                    raise splice.too_large(max_bytes)
+                    raise too_large(max_bytes)
                 self.limiter.take(k, self.stop)
             if filled and (filled == len(buf) or not k):
                 try:

@@ -13,6 +13,7 @@ checks is checked here at each move: the stop, the budget, the rate cap, the spe
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import http.client
 import os
@@ -21,7 +22,7 @@ import threading
 import time
 from typing import BinaryIO
 
-from .errors import FetchAborted, FetchError
+from .errors import FetchAborted, FetchError, too_large
 from .ratelimit import RateLimiter, SpeedFloor
 
 PIPE_BYTES = 1 << 20  # what one splice moves at most (the pipe's size; Linux's default limit for a user: 1 MiB)
@@ -32,11 +33,6 @@ _HEAD = 1 << 16  # what the response's own buffer may hold past the headers is d
 def can_splice(resp: http.client.HTTPResponse, tls: bool, checksum: bool) -> bool:
     """Whether ``resp``'s body can go straight from its socket into a file."""
     return hasattr(os, "splice") and not (tls or checksum or resp.chunked or resp.length is None or resp.fp is None)
-
-
-def too_large(max_bytes: int) -> FetchError:
-    return FetchError("too_large", f"over {max_bytes} bytes, larger than the budget; raise --budget / FEEDLINE_BUDGET",
-                      retry=False)
 
 
 def splice_body(resp: http.client.HTTPResponse, f: BinaryIO, stop: threading.Event, max_bytes: int,
@@ -77,9 +73,7 @@ def splice_body(resp: http.client.HTTPResponse, f: BinaryIO, stop: threading.Eve
                 raise http.client.IncompleteRead(b"", resp.length)
             resp.length -= k
             n = _moved(n, k, max_bytes, limiter, stop)
-            left = k
-            while left:  # a pipe into a file: the file takes it all (tmpfs, a disk), perhaps in parts
-                left -= os.splice(r, out, left, flags=os.SPLICE_F_MOVE)
+            _to_file(r, out, k)
             slow = floor.moved(k, time.monotonic())
             if slow:
                 raise FetchError("timeout", f"too slow: {slow}", retry=True)
@@ -88,6 +82,23 @@ def splice_body(resp: http.client.HTTPResponse, f: BinaryIO, stop: threading.Eve
         os.close(w)
     resp.read()  # the body is done: the connection is ready for the next request
     return n
+
+
+def _to_file(r: int, out: int, k: int) -> None:
+    """The ``k`` bytes in the pipe into the file: spliced, or read and written where the file's filesystem takes no
+    splice (the socket's side already moved them: they are not lost)."""
+    while k:
+        try:
+            k -= os.splice(r, out, k, flags=os.SPLICE_F_MOVE)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            while k:
+                data = os.read(r, k)
+                k -= len(data)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(out, view):]
 
 
 def _moved(n: int, k: int, max_bytes: int, limiter: RateLimiter, stop: threading.Event) -> int:
