@@ -47,6 +47,9 @@ def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
     assert doc["settings"]["quick"] and doc["settings"]["rounds"] == 1
     fill = doc["sampler"]["fill"]
     assert fill["sampler_gb_per_s"] > 0 and fill["curl_gb_per_s"] > 0 and fill["urllib_gb_per_s"] > 0
+    assert fill["ratios"]["urllib"][0] == fill["sampler_gb_per_s"] / fill["urllib_gb_per_s"]  # one round: its ratio
+    to_urllib = next(t for t in doc["targets"] if t["target"].startswith("sampler: fill >= the standard library's"))
+    assert to_urllib["met"] == (fill["ratios"]["urllib"][0] >= 1.0)
     s3 = doc["sampler"]["s3"]
     assert s3["sampler_mb_per_s"] > 0 and s3["boto3_mb_per_s"] > 0
     for cloud, sdk in (("gcs", "google-cloud-storage"), ("azure", "azure-storage-blob")):  # issue 51's rows
@@ -129,6 +132,13 @@ def test_rounds_interleave_in_a_rotating_order_after_a_warm_up_and_report_median
     assert [r["samples_per_s"] for r in rows["a"]["rounds"]] == [10, 30, 20]  # the warm-up is not kept
     med, lo, hi = ratio(rows["a"], rows["b"])  # per round: 10/5, 30/10, 20/20
     assert (med, lo, hi) == (2.0, 1.0, 3.0)
+
+
+def test_the_fill_is_compared_round_by_round_not_median_to_median():
+    from feedline.bench.sampler_bench import per_round_ratio
+
+    sidecar, urllib = [1.0, 2.0, 3.0], [3.0, 1.0, 2.0]  # a slow spell hit urllib's round 1 and the sidecar's round 0
+    assert per_round_ratio(sidecar, urllib) == [1.5, 1 / 3, 2.0]  # medians alone would say 2.0 / 2.0 = 1.0
 
 
 def test_a_run_of_some_workloads_keeps_the_hosts_other_sections_dated_and_checks_the_targets_over_all():

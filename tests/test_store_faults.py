@@ -84,6 +84,67 @@ def test_a_shard_that_never_answers_does_not_stop_the_start_up(remote, cache, sa
     assert s.metric("feedline_fetch_errors_total", reason="timeout") >= 1
 
 
+class HeadGate:
+    """``remote`` behind a server whose HEAD answers wait (up to 2 s) until another HEAD is being answered too:
+    a sidecar that asks its start-up sizes one after the other never has two at once."""
+
+    def __init__(self, remote):
+        self.in_flight = self.most = 0
+        gate, changed = self, threading.Condition()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):  # noqa: N802
+                self._forward("GET")
+
+            def do_HEAD(self):  # noqa: N802
+                with changed:
+                    gate.in_flight += 1
+                    gate.most = max(gate.most, gate.in_flight)
+                    changed.notify_all()
+                    changed.wait_for(lambda: gate.most >= 2, timeout=2)
+                try:
+                    self._forward("HEAD")
+                finally:
+                    with changed:
+                        gate.in_flight -= 1
+
+            def _forward(self, method):
+                with urllib.request.urlopen(urllib.request.Request(remote.url + self.path, method=method),
+                                            timeout=10) as r:
+                    body = r.read()
+                    self.send_response(r.status)
+                    self.send_header("Content-Length", r.headers["Content-Length"])
+                    self.end_headers()
+                    if method == "GET":
+                        self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_start_up_probe_asks_the_first_shards_sizes_fetch_threads_at_a_time(remote, cache, samplers, data):
+    gate = HeadGate(remote)
+    try:
+        s = Sampler(remote, cache, "--policy", "fill", "--budget", str(20 * shard_bytes(data)), "--fetch-threads", "3",
+                    source=f"{gate.url}/ids-{{0000..{N_SHARDS - 1:04d}}}.tar")
+        samplers.append(s)
+        assert wait_for(lambda: cached(cache) == ALL, 60), cached(cache)
+    finally:
+        gate.close()
+    assert 2 <= gate.most <= 3
+
+
 def test_a_store_that_drips_bytes_is_abandoned_and_tried_again(remote, cache, samplers, data):
     remote.faults["ids-0004.tar"] = Fault(drip=500, times=1)  # 500 B/s, far below the floor
     s = Sampler(remote, cache, "--policy", "fill", "--budget", str(20 * shard_bytes(data)), "--fetch-timeout", "1",

@@ -195,7 +195,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
                       f"**{f['sampler_gb_per_s']:.2f} GB/s**; `curl --parallel --parallel-max {f['threads']}` of "
                       f"the same files into /dev/shm: {f['curl_gb_per_s']:.2f} GB/s"
                       + (f"; urllib in {f['threads']} threads: {f['urllib_gb_per_s']:.2f} GB/s (medians of "
-                         f"{f['reps']} interleaved runs)" if "urllib_gb_per_s" in f else "") + ".", ""]
+                         f"{f['reps']} interleaved runs)" if "urllib_gb_per_s" in f else "") + "."
+                      + (f" Round by round, the sidecar against curl: {fmt_ratio(tuple(f['ratios']['curl']))}; "
+                         f"against urllib: {fmt_ratio(tuple(f['ratios']['urllib']))}." if "ratios" in f else ""), ""]
             if "s3" in r["sampler"]:
                 s3 = r["sampler"]["s3"]
                 lines += [f"S3: {s3['shards']} raw shards ({s3['bytes'] / 1e6:.0f} MB) from a local S3 server (moto "

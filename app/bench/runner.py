@@ -246,7 +246,7 @@ def _sampler_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]
     print("  sampler: fill rate from a loopback HTTP store, sidecar vs curl ...", file=sys.stderr, flush=True)
     raw = _dataset("raw", args.raw_samples, parse_size(args.sample_size), args.cache_dir)
     reps = 1 if args.quick else 3
-    fill = fill_rate(raw, os.path.join(shm_root, "fill-rate"), reps=reps)
+    fill = fill_rate(raw, os.path.join(shm_root, "fill-rate"), **({"reps": 1} if args.quick else {}))
     print(f"        sidecar {fill['sampler_gb_per_s']:.2f} GB/s, curl {fill['curl_gb_per_s']:.2f} GB/s, urllib "
           f"{fill['urllib_gb_per_s']:.2f} GB/s", file=sys.stderr, flush=True)
     jpeg = _dataset("jpeg", args.jpeg_samples, parse_size(args.sample_size), args.cache_dir)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -153,9 +154,13 @@ def _sidecar_fill(source: str, cache: str, budget: int, count: int, threads: int
     return t_all - t_up
 
 
-def fill_rate(src: str, shm_root: str, threads: int = 4, reps: int = 3) -> dict[str, Any]:
+FILL_REPS = 7  # a 1 GB fill lasts half a second: one of this machine's slow spells halves a round (either side's)
+
+
+def fill_rate(src: str, shm_root: str, threads: int = 4, reps: int = FILL_REPS) -> dict[str, Any]:
     """The sidecar filling an empty cache from a loopback HTTP store, against curl and urllib fetching the
-    same files with as many parallel transfers; medians of ``reps`` interleaved runs."""
+    same files with as many parallel transfers; medians of ``reps`` interleaved rounds, and the median of the
+    per-round ratios (both sides of a ratio from the same round, as every other row's ratio)."""
     src = in_memory(src, shm_root)
     shards = sorted(glob.glob(os.path.join(src, "*.tar")))
     names = [os.path.basename(s) for s in shards]
@@ -181,7 +186,14 @@ def fill_rate(src: str, shm_root: str, threads: int = 4, reps: int = 3) -> dict[
     gb = {k: [total / t / 1e9 for t in v] for k, v in times.items()}
     return {"shards": len(shards), "bytes": total, "threads": threads, "reps": reps,
             "sampler_gb_per_s": _median(gb["sidecar"]), "curl_gb_per_s": _median(gb["curl"]),
-            "urllib_gb_per_s": _median(gb["urllib"]), "runs_gb_per_s": gb}
+            "urllib_gb_per_s": _median(gb["urllib"]), "runs_gb_per_s": gb,
+            "ratios": {peer: per_round_ratio(gb["sidecar"], gb[peer]) for peer in ("curl", "urllib")}}
+
+
+def per_round_ratio(ours: list[float], theirs: list[float]) -> list[float]:
+    """``[median, min, max]`` of ``ours[i] / theirs[i]``: rounds measured side by side, compared side by side."""
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+    return [statistics.median(ratios), min(ratios), max(ratios)]
 
 
 def s3_fill_rate(src: str, shm_root: str, threads: int = 4, count: int | None = None, reps: int = 3) -> dict[str, Any]:

@@ -170,10 +170,12 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
                     "value": f"{f['sampler_gb_per_s']:.2f} GB/s ({f['sampler_gb_per_s'] / f['curl_gb_per_s']:.2f}x "
                              f"curl --parallel-max {f['threads']}: {f['curl_gb_per_s']:.2f} GB/s)",
                     "met": f["sampler_gb_per_s"] >= 1.0 and f["sampler_gb_per_s"] >= f["curl_gb_per_s"]})
-        if "urllib_gb_per_s" in f:
-            out.append({"target": "sampler: fill vs the standard library's plain parallel download (urllib, a row)",
-                        "value": f"{f['sampler_gb_per_s'] / f['urllib_gb_per_s']:.2f}x "
-                                 f"({f['urllib_gb_per_s']:.2f} GB/s)", "met": None})
+        if "ratios" in f:  # the median of per-round ratios: a slow spell of the machine hits one round, one side
+            to_urllib = tuple(f["ratios"]["urllib"])
+            out.append({"target": f"sampler: fill >= the standard library's plain parallel download (urllib in "
+                                  f"{f['threads']} threads), round by round",
+                        "value": f"{fmt_ratio(to_urllib)} ({f['urllib_gb_per_s']:.2f} GB/s)",
+                        "met": to_urllib[0] >= 1.0})
         if "s3" in sb:
             s3 = sb["s3"]
             out.append({"target": "sampler: fill from a local S3 server vs boto3's own parallel download (a row)",
