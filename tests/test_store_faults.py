@@ -1,5 +1,6 @@
 """The sidecar outlives a bad store, a full disk and a stop: shards come back, nothing is given up for good."""
 
+import contextlib
 import os
 import signal
 import threading
@@ -84,13 +85,13 @@ def test_a_shard_that_never_answers_does_not_stop_the_start_up(remote, cache, sa
     assert s.metric("feedline_fetch_errors_total", reason="timeout") >= 1
 
 
-class HeadGate:
-    """``remote`` behind a server whose HEAD answers wait (up to 2 s) until another HEAD is being answered too:
-    a sidecar that asks its start-up sizes one after the other never has two at once."""
+class Forwarder:
+    """A server on 127.0.0.1 that answers GETs and HEADs by fetching ``upstream`` + the path, and records each path.
+    A forward proxy is sent whole URLs: its upstream is "". ``admit(method)`` wraps each answer."""
 
-    def __init__(self, remote):
-        self.in_flight = self.most = 0
-        gate, changed = self, threading.Condition()
+    def __init__(self, upstream: str = ""):
+        self.forwarded: list[str] = []
+        outer = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -99,26 +100,20 @@ class HeadGate:
                 self._forward("GET")
 
             def do_HEAD(self):  # noqa: N802
-                with changed:
-                    gate.in_flight += 1
-                    gate.most = max(gate.most, gate.in_flight)
-                    changed.notify_all()
-                    changed.wait_for(lambda: gate.most >= 2, timeout=2)
-                try:
-                    self._forward("HEAD")
-                finally:
-                    with changed:
-                        gate.in_flight -= 1
+                self._forward("HEAD")
 
             def _forward(self, method):
-                with urllib.request.urlopen(urllib.request.Request(remote.url + self.path, method=method),
-                                            timeout=10) as r:
-                    body = r.read()
-                    self.send_response(r.status)
-                    self.send_header("Content-Length", r.headers["Content-Length"])
-                    self.end_headers()
-                    if method == "GET":
-                        self.wfile.write(body)
+                outer.forwarded.append(self.path)
+                with outer.admit(method):
+                    req = urllib.request.Request(upstream + self.path, method=method)
+                    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+                    with opener.open(req, timeout=10) as r:
+                        body = r.read()
+                        self.send_response(r.status)
+                        self.send_header("Content-Length", r.headers["Content-Length"])
+                        self.end_headers()
+                        if method == "GET":
+                            self.wfile.write(body)
 
             def log_message(self, *args):
                 pass
@@ -126,11 +121,42 @@ class HeadGate:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    @contextlib.contextmanager
+    def admit(self, method):
+        yield
 
     def close(self):
         self.server.shutdown()
         self.server.server_close()
+
+
+class HeadGate(Forwarder):
+    """``remote`` behind a server whose HEAD answers wait (up to 2 s) until another HEAD is being answered too:
+    a sidecar that asks its start-up sizes one after the other never has two at once."""
+
+    def __init__(self, remote):
+        self.in_flight = self.most = 0
+        self.changed = threading.Condition()
+        super().__init__(remote.url)
+
+    @contextlib.contextmanager
+    def admit(self, method):
+        if method != "HEAD":
+            yield
+            return
+        with self.changed:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            self.changed.notify_all()
+            self.changed.wait_for(lambda: self.most >= 2, timeout=2)
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.in_flight -= 1
 
 
 def test_the_start_up_probe_asks_the_first_shards_sizes_fetch_threads_at_a_time(remote, cache, samplers, data):
@@ -215,51 +241,9 @@ def test_a_store_that_refuses_us_is_refused_at_start_up_naming_the_auth_settings
     assert "401" in out and "auth_header" in out
 
 
-class CountingProxy:
-    """A plain forward HTTP proxy on 127.0.0.1 that counts what it forwards."""
-
-    def __init__(self):
-        self.forwarded: list[str] = []
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self):  # noqa: N802
-                self._forward("GET")
-
-            def do_HEAD(self):  # noqa: N802
-                self._forward("HEAD")
-
-            def _forward(self, method):
-                proxy.forwarded.append(self.path)  # an absolute URL: what a proxy is sent
-                req = urllib.request.Request(self.path, method=method)
-                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-                with opener.open(req, timeout=10) as r:
-                    body = r.read()
-                    self.send_response(r.status)
-                    self.send_header("Content-Length", r.headers["Content-Length"])
-                    self.end_headers()
-                    if method == "GET":
-                        self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.mark.parametrize("no_proxy, through", [("", True), ("127.0.0.1", False)])
 def test_http_proxy_and_no_proxy_are_honoured(remote, cache, samplers, data, no_proxy, through):
-    proxy = CountingProxy()
+    proxy = Forwarder()
     try:
         s = Sampler(remote, cache, "--policy", "fill", "--budget", str(20 * shard_bytes(data)),
                     env={"HTTP_PROXY": proxy.url, "http_proxy": proxy.url, "NO_PROXY": no_proxy, "no_proxy": no_proxy})

@@ -241,12 +241,12 @@ def _e2e_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
 
 
 def _sampler_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
-    from .sampler_bench import cloud_fill_rates, fill_rate, s3_fill_rate, train_while_filling
+    from .sampler_bench import FILL_REPS, cloud_fill_rates, fill_rate, s3_fill_rate, train_while_filling
 
     print("  sampler: fill rate from a loopback HTTP store, sidecar vs curl ...", file=sys.stderr, flush=True)
     raw = _dataset("raw", args.raw_samples, parse_size(args.sample_size), args.cache_dir)
     reps = 1 if args.quick else 3
-    fill = fill_rate(raw, os.path.join(shm_root, "fill-rate"), **({"reps": 1} if args.quick else {}))
+    fill = fill_rate(raw, os.path.join(shm_root, "fill-rate"), reps=1 if args.quick else FILL_REPS)
     print(f"        sidecar {fill['sampler_gb_per_s']:.2f} GB/s, curl {fill['curl_gb_per_s']:.2f} GB/s, urllib "
           f"{fill['urllib_gb_per_s']:.2f} GB/s", file=sys.stderr, flush=True)
     jpeg = _dataset("jpeg", args.jpeg_samples, parse_size(args.sample_size), args.cache_dir)
