@@ -141,6 +141,14 @@ def test_the_fill_is_compared_round_by_round_not_median_to_median():
     assert per_round_ratio(sidecar, urllib) == [1.5, 1 / 3, 2.0]  # medians alone would say 2.0 / 2.0 = 1.0
 
 
+def test_each_contender_starts_a_round_in_turn():
+    from feedline.bench.rounds import rotated
+
+    firsts = [rotated(["sidecar", "curl", "urllib"], r)[0] for r in range(4)]
+    assert firsts == ["sidecar", "curl", "urllib", "sidecar"]
+    assert sorted(rotated(["sidecar", "curl", "urllib"], 2)) == ["curl", "sidecar", "urllib"]
+
+
 def test_a_run_of_some_workloads_keeps_the_hosts_other_sections_dated_and_checks_the_targets_over_all():
     from feedline.bench.sections import keep_earlier_sections
 

@@ -13,8 +13,9 @@ import statistics
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 METRICS = ("samples_per_s", "mb_per_s", "main_cpu_pct", "starvation", "draft_samples_per_s", "trainer_ms_per_batch",
            "step_ms", "speed", "workers_cpu_pct")
 
@@ -41,11 +42,16 @@ def interleaved(contenders: list[Contender], rounds: int, seconds: float, warmup
     runs: dict[str, list[dict[str, Any]]] = {c.row: [] for c in contenders}
     with ThreadPoolExecutor(max(1, at_once)) as pool:
         for r in range(rounds):
-            k = r % len(contenders)
-            order = contenders[k:] + contenders[:k]
+            order = rotated(contenders, r)
             for c, result in zip(order, pool.map(lambda c: c.run(c.seconds or seconds), order)):
                 runs[c.row].append(result)
     return {c.row: summarize(runs[c.row]) for c in contenders}  # table order, not run order
+
+
+def rotated(items: list[T], rnd: int) -> list[T]:
+    """``items`` in round ``rnd``'s order: each starts a round in turn, so no one always runs first."""
+    k = rnd % len(items)
+    return items[k:] + items[:k]
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 from ..cache.manifest import MANIFEST, read_manifest
 from ..demo.procs import free_port, stop_process
 from ..loader.tune.tuner import CpuMeter
+from .rounds import rotated
 
 
 class _Proc:
@@ -168,19 +169,24 @@ def fill_rate(src: str, shm_root: str, threads: int = 4, reps: int = FILL_REPS) 
     out = os.path.join(shm_root, "out")
     times: dict[str, list[float]] = {"sidecar": [], "curl": [], "urllib": []}
     server, url = _serve(src)
+
+    def sidecar() -> float:
+        return _sidecar_fill(_pattern(url, shards), os.path.join(shm_root, "fill"), 2 * total, len(shards), threads)
+
+    def curl() -> float:
+        cmd = ["curl", "-s", "-f", "--parallel", "--parallel-max", str(threads)]
+        for n in names:
+            cmd += ["-o", os.path.join(out, n), f"{url}/{n}"]
+        return _into(out, lambda: subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL))
+
+    def urllib_() -> float:
+        return _into(out, lambda: _plain_http(url, names, out, threads))
+
+    runs = {"sidecar": sidecar, "curl": curl, "urllib": urllib_}
     with server:
         for rep in range(reps + 1):  # the first round warms this machine's tmpfs up and is not counted
-            times["sidecar"].append(_sidecar_fill(_pattern(url, shards), os.path.join(shm_root, "fill"), 2 * total,
-                                                  len(shards), threads))
-            os.makedirs(out)
-            cmd = ["curl", "-s", "-f", "--parallel", "--parallel-max", str(threads)]
-            for n in names:
-                cmd += ["-o", os.path.join(out, n), f"{url}/{n}"]
-            times["curl"].append(_timed(lambda: subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)))
-            shutil.rmtree(out)
-            os.makedirs(out)
-            times["urllib"].append(_timed(lambda: _plain_http(url, names, out, threads)))
-            shutil.rmtree(out)
+            for who in rotated(list(runs), rep):  # none always runs first (after the last round's 1 GB is freed)
+                times[who].append(runs[who]())
             if rep == 0:
                 times = {k: [] for k in times}
     gb = {k: [total / t / 1e9 for t in v] for k, v in times.items()}
@@ -188,6 +194,15 @@ def fill_rate(src: str, shm_root: str, threads: int = 4, reps: int = FILL_REPS) 
             "sampler_gb_per_s": _median(gb["sidecar"]), "curl_gb_per_s": _median(gb["curl"]),
             "urllib_gb_per_s": _median(gb["urllib"]), "runs_gb_per_s": gb,
             "ratios": {peer: per_round_ratio(gb["sidecar"], gb[peer]) for peer in ("curl", "urllib")}}
+
+
+def _into(out: str, fetch: Callable[[], object]) -> float:
+    """Seconds ``fetch`` takes to write into the empty directory ``out``, which is removed after."""
+    os.makedirs(out)
+    try:
+        return _timed(fetch)
+    finally:
+        shutil.rmtree(out)
 
 
 def per_round_ratio(ours: list[float], theirs: list[float]) -> list[float]:
