@@ -141,7 +141,7 @@ def test_the_fill_is_compared_round_by_round_not_median_to_median():
     assert per_round_ratio(sidecar, urllib) == [1.5, 1 / 3, 2.0]  # medians alone would say 2.0 / 2.0 = 1.0
 
 
-def test_each_contender_starts_a_round_in_turn():
+def test_rotated_puts_each_contender_first_in_turn():
     from feedline.bench.rounds import rotated
 
     firsts = [rotated(["sidecar", "curl", "urllib"], r)[0] for r in range(4)]
