@@ -6,12 +6,13 @@ import os
 import struct
 import subprocess
 import sys
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 from helpers import ROOT, write_tar
-from videos import frame_index, video_bytes
+from videos import ffmpeg_video, frame_index, video_bytes
 
 from feedline import StagingLoader
 from feedline.formats.video import VideoMember, open_clips
@@ -21,8 +22,8 @@ CODECS = ["h264", "vp9"]
 EXT = {"h264": "mp4", "vp9": "webm"}
 
 
-def indices(clip) -> list[int]:
-    return [frame_index(np.asarray(f)) for f in clip]
+def indices(clip, pattern: bool = False) -> list[int]:
+    return [frame_index(np.asarray(f), pattern) for f in clip]
 
 
 def shards_of(tmp_path, videos: dict[str, bytes], ext: str = "mp4", per_shard: int = 4) -> str:
@@ -69,7 +70,8 @@ def test_one_box_is_cut_from_every_frame_of_a_clip():
     frames = VideoClip(frames=6, stride=2, size=24, scale=(0.2, 0.5))({"mp4": data})["mp4"]
     blue = frames[..., 2].astype(int)  # the still gradient: where the box was cut, the same in every frame
     assert np.abs(blue - blue[0]).max() <= 6 and blue[0].max() - blue[0].min() > 20
-    assert indices(frames) == [indices(frames)[0] + 2 * i for i in range(6)]
+    got = indices(frames, pattern=True)
+    assert got == [got[0] + 2 * i for i in range(6)]
 
 
 def test_several_clips_a_video_are_spread_evenly_in_center_mode():
@@ -84,11 +86,105 @@ def test_a_variable_frame_rate_is_sampled_by_timestamp():
     times = [0, 0.05, 0.07, 0.2, 0.21, 0.5, 0.9, 1.0, 1.3, 1.35]
     container, info, reader = open_clips(video_bytes("h264", frames=10, times=times))
     try:
-        clip, stamps = reader.frames_at([0.0, 0.1, 0.3, 0.6, 1.2], (0, 0, 64, 48), (8, 8), False, pad=True)
+        asked = [0, 1, 2, 3, 5, 8, 12]
+        clip, stamps = reader.frames(asked, (0, 0, 64, 48), (8, 8), False, pad=True)
+        rate = info.clock.rate
     finally:
         container.close()
-    assert indices(clip) == [0, 2, 4, 5, 7]  # the frame shown at each time
-    assert np.allclose(stamps, [0, 0.07, 0.21, 0.5, 1.0], atol=1e-3)
+    at = [round(Fraction(t).limit_denominator(1000) * rate) for t in times]  # each frame's number at the mean rate
+    # frame n: the first whose time rounds to n; where none does, the last one before
+    want = [at.index(n) if n in at else max(i for i, a in enumerate(at) if a < n) for n in asked]
+    assert indices(clip) == want == [0, 2, 3, 4, 5, 6, 8]
+    assert np.allclose(stamps, [times[i] for i in want], atol=1e-3)
+
+
+RATES = [24, 25, Fraction(30000, 1001), 30, 60]
+
+
+@pytest.mark.parametrize("time_base", [Fraction(1, 1000), Fraction(1, 15360), Fraction(1, 30000), Fraction(1, 90000)],
+                         ids=str)
+def test_a_clock_maps_each_frames_stamp_to_its_number_and_back(time_base):
+    from feedline.formats.video_clock import FrameClock
+
+    for rate in map(Fraction, RATES):
+        clock = FrameClock(time_base, rate, origin=7)
+        for n in range(3000):
+            stamp = 7 + round(n / rate / time_base)  # as a muxer stamps frame n
+            assert clock.number(stamp) == n
+            assert stamp <= clock.pts(n) and clock.number(clock.pts(n)) == n and clock.number(clock.pts(n) + 1) == n + 1
+
+
+def every_window(reader, count: int, clip: int = 4, strides=(1, 2, 3, 4)):
+    """(asked, got, stamps) for every window start of every stride."""
+    for stride in strides:
+        for first in range(count - (clip - 1) * stride):
+            asked = [first + i * stride for i in range(clip)]
+            images, stamps = reader.frames(asked, (0, 0, 64, 48), (8, 8), False, pad=False)
+            yield asked, indices(images), stamps
+
+
+@pytest.mark.parametrize("fps", RATES, ids=str)
+@pytest.mark.parametrize("codec", CODECS)
+def test_every_window_start_of_every_stride_takes_exactly_the_frames_asked(codec, fps):
+    """WebM keeps milliseconds (frame 2 at 30 fps is stamped 67 ms, past 2/30 s), 29.97 fps is 30000/1001: frames
+    are matched by number, so none is the one before or after, whatever the rate and the time base."""
+    container, info, reader = open_clips(video_bytes(codec, frames=40, fps=fps, gop=12))
+    try:
+        assert info.count == 40
+        for asked, got, stamps in every_window(reader, 40):
+            assert got == asked
+            assert np.allclose(stamps, np.array(asked) / float(fps), atol=6e-4), (asked, stamps)
+    finally:
+        container.close()
+
+
+@pytest.mark.parametrize("fps", [Fraction(30000, 1001), 30, 60], ids=str)
+@pytest.mark.parametrize("codec,ext", [("h264", "mp4"), ("vp9", "webm"), ("h264", "mkv")])
+def test_videos_made_by_the_ffmpeg_command_give_exactly_the_frames_asked(tmp_path, codec, ext, fps):
+    path = ffmpeg_video(str(tmp_path / f"clip.{ext}"), codec, frames=40, fps=fps, gop=12)
+    container, info, reader = open_clips(open(path, "rb").read())
+    try:
+        assert info.count == 40
+        for asked, got, _ in every_window(reader, 40, strides=(1, 2)):
+            assert got == asked
+    finally:
+        container.close()
+
+
+@pytest.mark.parametrize("fps", [30, 60])
+@pytest.mark.parametrize("mode", ["random", "center"])
+def test_clips_of_a_webm_video_hold_the_frames_stride_apart_their_times_say(fps, mode):
+    """The user's report: stride 2 from 30 fps VP9 gave frames 57, 58, 61, 63 ... where 57, 59, 61 ... were asked."""
+    import random
+
+    data = VideoMember(video_bytes("vp9", frames=90, fps=fps, gop=30))
+    clip = VideoClip(frames=8, stride=2, size=8, mode=mode, clips=1 if mode == "random" else 3)
+    starts = set()
+    for seed in range(40 if mode == "random" else 1):
+        random.seed(seed)
+        out = clip({"webm": data})
+        for images, stamps in zip(out["webm"].reshape(-1, 8, 8, 8, 3), out["webm_time"].reshape(-1, 8)):
+            got = indices(images)
+            assert got == [got[0] + 2 * i for i in range(8)], (seed, got)
+            assert np.allclose(stamps, np.array(got) / fps, atol=6e-4)
+            starts.add(got[0])
+    if mode == "random":  # windows start anywhere the clip fits, the last frame included
+        assert min(starts) <= 8 and max(starts) >= 89 - 14 - 8 and max(starts) <= 89 - 14
+    else:
+        assert sorted(starts) == [(2 * k + 1) * 75 // 6 for k in range(3)]
+
+
+def test_decode_threads_take_the_same_frames():
+    data = video_bytes("h264", frames=60, fps=30, gop=30)
+    got = []
+    for threads in (1, 3):
+        container, _, reader = open_clips(data, threads)
+        try:
+            got.append([g for _, g, _ in every_window(reader, 60, clip=6, strides=(2, 3))])
+        finally:
+            container.close()
+    assert got[0] == got[1]
+    assert got[0] == [[f + s * i for i in range(6)] for s in (2, 3) for f in range(60 - 5 * s)]
 
 
 def test_a_video_shorter_than_its_clip_is_padded_with_its_last_frame_or_skipped():

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from .bounds import DEFAULT_MAX_MEMBER_BYTES, DecodeError, MemberTooLarge
+from .video_clock import FrameClock
 
 VIDEO_EXTENSIONS = frozenset({"mp4", "webm", "mkv", "avi", "mov"})
 
@@ -53,11 +55,12 @@ class VideoInfo:
     duration: float  # seconds
     frames: int  # as declared (0: not declared)
     has_audio: bool
+    clock: FrameClock  # its timestamps <-> frame numbers, exactly
 
     @property
-    def last(self) -> float:
-        """The time of the last frame."""
-        return max(0.0, self.duration - 1.0 / self.fps)
+    def count(self) -> int:
+        """Frames the stream holds: as declared, else its duration's worth at its rate."""
+        return self.frames if self.frames > 0 else max(1, round(self.duration * self.clock.rate))
 
 
 def _open(member: bytes) -> Any:
@@ -82,6 +85,8 @@ def info_of(container: Any, size: int) -> VideoInfo:
     fps = float(rate) if rate else 0.0
     if not 0 < fps < 10_000:
         raise DecodeError(f"the video stream declares no usable frame rate ({rate})")
+    if vs.time_base is None or vs.time_base <= 0:
+        raise DecodeError(f"the video stream declares no usable time base ({vs.time_base})")
     if vs.duration is not None and vs.time_base is not None:
         duration = float(vs.duration * vs.time_base)
     elif container.duration is not None:
@@ -96,7 +101,8 @@ def info_of(container: Any, size: int) -> VideoInfo:
                           f"{fps:g} fps) but the member holds {size} bytes: its header does not describe it")
     if duration <= 0:
         duration = frames / fps
-    return VideoInfo(width, height, fps, duration, frames, bool(container.streams.audio))
+    clock = FrameClock(Fraction(vs.time_base), Fraction(rate), vs.start_time or 0)
+    return VideoInfo(width, height, fps, duration, frames, bool(container.streams.audio), clock)
 
 
 def check_bound(info: VideoInfo, frames: int, bound: int) -> None:
@@ -107,8 +113,12 @@ def check_bound(info: VideoInfo, frames: int, bound: int) -> None:
                              bound)
 
 
+class _Redo(Exception):
+    """This pass cannot give the exact clip (a seek past its first frame, a skipped frame it needed): decode again."""
+
+
 class ClipReader:
-    """Reads clips from one open container: ``frames`` at given times, cropped to a box, at ``size``."""
+    """Reads clips from one open container: frames by number, cropped to a box, at ``size``."""
 
     def __init__(self, container: Any, info: VideoInfo, threads: int = 1):
         from av.video.reformatter import VideoReformatter
@@ -122,57 +132,95 @@ class ClipReader:
             cc.thread_type = "AUTO"
         self._reformat = VideoReformatter()  # one swscale context, reused frame after frame
 
-    def frames_at(self, times: list[float], box: tuple[float, float, float, float], size: tuple[int, int],
-                  flip: bool, pad: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(len(times), h, w, 3) uint8: the frame shown at each time (ascending) in ``box`` (x0, y0, x1, y1 in
-        source pixels) resized to ``size`` (h, w); and each chosen frame's own time. Past the last frame: the
-        last one again when ``pad``, else ``ShortVideo``."""
+    def frames(self, numbers: list[int], box: tuple[float, float, float, float], size: tuple[int, int],
+               flip: bool, pad: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(len(numbers), h, w, 3) uint8: frame ``n`` for each ascending ``n`` of ``numbers`` (see ``FrameClock``:
+        the frame whose timestamp is nearest ``n`` frames of the average rate; where a variable rate left none
+        there, the last one before), cut to ``box`` (x0, y0, x1, y1 in source pixels) and resized to ``size`` (h,
+        w); and each frame's time in seconds from the stream's start. Past the last frame: the last one again
+        when ``pad``, else ``ShortVideo``.
+
+        Frames nothing refers to are not decoded unless the clip takes them (before its window and, stride > 1,
+        inside it); where that might have changed the answer (a variable rate's gap), the clip is decoded again
+        without skipping, so the frames taken never depend on it."""
         import av
 
-        vs = self.stream
-        tb = float(vs.time_base)
-        fps = self.info.fps
-        eps = min(1e-3, 0.01 / fps)  # the frame shown at a time: the last one at or before it (float rounding aside)
-        out = np.empty((len(times), *size, 3), np.uint8)
-        stamps = np.zeros(len(times), np.float32)
-        start = max(0.0, times[0])
-        try:
-            self.container.seek(int(start / tb), stream=vs, backward=True, any_frame=False)
-        except av.FFmpegError as exc:
-            raise DecodeError(f"cannot seek to {start:.2f} s: {exc}") from None
-        cc = vs.codec_context
+        clock = self.info.clock
+        plans = [(clock.pts(numbers[0]), True), (clock.pts(numbers[0] - 2 * int(clock.rate) - 1), True),
+                 (clock.origin, False)]
+        for attempt, (target, skip) in enumerate(plans):
+            try:
+                self.container.seek(max(clock.origin, target), stream=self.stream, backward=True, any_frame=False)
+            except av.FFmpegError as exc:
+                raise DecodeError(f"cannot seek to frame {numbers[0]}: {exc}") from None
+            try:
+                return self._pass(numbers, box, size, flip, pad, skip, final=attempt == len(plans) - 1)
+            except _Redo:
+                continue
+        raise AssertionError("the last pass decodes from the start and never asks for another")
+
+    def _pass(self, numbers: list[int], box: tuple[float, float, float, float], size: tuple[int, int], flip: bool,
+              pad: bool, skip: bool, final: bool) -> tuple[np.ndarray, np.ndarray]:
+        import av
+
+        clock = self.info.clock
+        cc = self.stream.codec_context
+        want, last = set(numbers), numbers[-1]
+        out = np.empty((len(numbers), *size, 3), np.uint8)
+        stamps = np.zeros(len(numbers), np.float32)
+        skipped: list[int] = []  # numbers of packets left undecoded
         k = 0
-        prev: Any = None  # the last frame decoded: shown until the next one's time
+        prev: Any = None  # the last frame decoded and its number: shown until the next one's
+        prev_n = -1
         shown: list[Any] = [None, None]  # (frame, its image): a frame taken twice is converted once
 
         def take(frame: Any) -> None:
             nonlocal k
             if shown[0] is not frame:
                 shown[0], shown[1] = frame, self._convert(frame, box, size, flip)
-            out[k], stamps[k] = shown[1], frame.time or 0.0
+            out[k], stamps[k] = shown[1], clock.seconds(frame.pts) if frame.pts is not None else 0.0
             k += 1
 
         try:
-            for packet in self.container.demux(vs):
-                # frames nothing refers to are skipped until the clip is near (they are never shown in it)
-                early = packet.pts is not None and packet.pts * tb < start - 2.0 / fps
-                cc.skip_frame = "NONREF" if early else "DEFAULT"
+            for packet in self.container.demux(self.stream):
+                m = clock.number(packet.pts) if packet.pts is not None else None
+                if skip and m is not None and m < last and m not in want:
+                    cc.skip_frame = "NONREF"  # decoded only if later frames refer to it
+                    skipped.append(m)
+                else:
+                    cc.skip_frame = "DEFAULT"
                 for frame in packet.decode():
-                    t = frame.time if frame.time is not None else 0.0
-                    while k < len(times) and t > times[k] + eps:  # times[k] falls before this frame: the last one's
-                        take(prev if prev is not None else frame)
-                    prev = frame
-                    if k == len(times):
+                    n = clock.number(frame.pts) if frame.pts is not None else prev_n + 1
+                    if n < prev_n:
+                        continue  # stamped before a frame already shown: out of order, never shown
+                    if prev is None and n > numbers[0] and not final:
+                        raise _Redo  # the seek landed past the clip's first frame: from earlier
+                    if k < len(numbers) and numbers[k] < n:  # numbers no frame has: the last one before stands
+                        if any(prev_n < s < n for s in skipped):
+                            raise _Redo  # ... unless the one before was left undecoded
+                        while k < len(numbers) and numbers[k] < n:
+                            take(prev if prev is not None else frame)
+                    while k < len(numbers) and numbers[k] == n:
+                        take(frame)
+                    prev, prev_n = frame, n
+                    if k == len(numbers):
                         return out, stamps
         except av.FFmpegError as exc:
             if prev is None:
                 raise DecodeError(f"the video does not decode: {exc}") from None
             # a truncated or damaged tail: what was decoded stands, the rest is short
+        finally:
+            cc.skip_frame = "DEFAULT"
         if prev is None:
-            raise DecodeError("the video stream has no frame at or after the clip's start")
-        if not pad and times[-1] - (prev.time or 0.0) > 1.5 / fps:
-            raise ShortVideo(f"the video ends at {prev.time or 0.0:.2f} s, before its clip ends at {times[-1]:.2f} s")
-        while k < len(times):  # the last frame stands for the rest (past the end: short="pad")
+            if not final:
+                raise _Redo
+            raise DecodeError("the video stream has no frame")
+        if any(s > prev_n for s in skipped):
+            raise _Redo  # the video ended before the clip, and its last frame may be one left undecoded
+        if not pad and numbers[-1] > prev_n + 1:  # (one frame of slack: a count estimated from a duration)
+            raise ShortVideo(f"the video ends at frame {prev_n} ({clock.seconds(prev.pts or 0):.2f} s), before its "
+                             f"clip ends at frame {numbers[-1]}")
+        while k < len(numbers):  # the last frame stands for the rest (past the end: short="pad")
             take(prev)
         return out, stamps
 

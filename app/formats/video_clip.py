@@ -1,15 +1,17 @@
 """``VideoClip``: a sample's video members become clips, in the worker, straight into the batch.
 
-``VideoClip(frames=16, stride=2, size=224)`` takes ``frames`` frames ``stride`` frames apart (at the stream's
-average rate) from a window of the video: a random window (``mode="random"``, training) or the middle one
-(``mode="center"``; with ``clips=K``, K windows spread evenly: evaluation). One box is drawn for the clip —
+``VideoClip(frames=16, stride=2, size=224)`` takes ``frames`` frames ``stride`` frames apart from a window of the
+video: a random window (``mode="random"``, training) or the middle one (``mode="center"``; with ``clips=K``, K
+windows spread evenly: evaluation). Windows and frames are counted in frame numbers, never in float seconds: a
+window starts at frame ``n`` (any of the video's, as long as the clip fits) and takes frames ``n, n + stride,
+...``, each matched to the stream's timestamps exactly (``video_clock.py``), at any rate and time base. One box is drawn for the clip —
 Inception's random-resized crop (``scale``, ``ratio``) and a random flip, or the largest centred box of the
 output's aspect — and every frame of the clip is cut from it. The window, the box and the flip come from
 ``random``, which the worker seeds from (seed, epoch, shard, key) before each sample: the same sample gets the
 same clip on every run, after a resume and after a worker is replaced.
 
 Each video field ``<name>`` becomes ``<name>``: uint8 ``(frames, h, w, 3)`` (``(clips, frames, h, w, 3)`` with
-``clips > 1``), ``<name>_time``: float32 seconds of each frame taken, ``<name>_fps``: float32, the stream's
+``clips > 1``), ``<name>_time``: float32 seconds of each frame taken (from the stream's start), ``<name>_fps``: float32, the stream's
 rate, and with ``audio=True`` ``<name>_audio``: float32 mono samples at ``audio_rate`` over the clip's span
 (zeros where the video has no sound). A video shorter than the clip is padded with its last frame
 (``short="pad"``) or skipped and counted as ``too_short`` (``short="skip"``). ``threads`` decode threads a
@@ -86,31 +88,33 @@ class VideoClip:
         try:
             if bound is not None:
                 check_bound(info, self.frames * self.clips, bound)
-            step = self.stride / info.fps
-            span = (self.frames - 1) * step
-            if span > info.last + 1.0 / info.fps and self.short == "skip":
-                raise SampleRejected("too_short", f"video {name!r} lasts {info.duration:.2f} s, shorter than its clip "
-                                                  f"of {self.frames} frames {self.stride} apart ({span:.2f} s at "
-                                                  f"{info.fps:g} fps); short='pad' repeats its last frame instead")
-            room = max(0.0, info.last - span)
+            span = (self.frames - 1) * self.stride  # frames from the clip's first to its last
+            room = info.count - 1 - span  # the last frame a window may start at
+            if room < 0 and self.short == "skip":
+                raise SampleRejected("too_short", f"video {name!r} is shorter than its clip: {info.count} frames "
+                                                  f"({info.duration:.2f} s at {info.fps:g} fps), where a clip of "
+                                                  f"{self.frames} frames {self.stride} apart spans {span + 1}; "
+                                                  f"short='pad' repeats its last frame instead")
+            room = max(0, room)
             if self.mode == "random":
-                starts = sorted(random.uniform(0.0, room) for _ in range(self.clips))
+                starts = sorted(random.randint(0, room) for _ in range(self.clips))
             else:
-                starts = [room * (k + 0.5) / self.clips for k in range(self.clips)]
+                starts = [(2 * k + 1) * room // (2 * self.clips) for k in range(self.clips)]
             h, w = self.size
             images = np.empty((self.clips, self.frames, h, w, 3), np.uint8)
             times = np.empty((self.clips, self.frames), np.float32)
             sounds = []
-            for k, t0 in enumerate(starts):
+            for k, first in enumerate(starts):
                 box, flip = self._box(info.width, info.height)
                 try:
-                    images[k], times[k] = reader.frames_at([t0 + i * step for i in range(self.frames)], box,
-                                                           self.size, flip, pad=self.short == "pad")
+                    images[k], times[k] = reader.frames([first + i * self.stride for i in range(self.frames)], box,
+                                                        self.size, flip, pad=self.short == "pad")
                 except ShortVideo as exc:
                     raise SampleRejected("too_short", f"video {name!r}: {exc}; short='pad' repeats its last frame "
                                                       f"instead") from None
                 if self.audio:
-                    sounds.append(reader.audio(t0, self.frames * step, self.audio_rate))
+                    t0 = float(info.clock.origin * info.clock.time_base) + first / info.fps  # the stream's own time
+                    sounds.append(reader.audio(t0, self.frames * self.stride / info.fps, self.audio_rate))
         finally:
             container.close()
         one = self.clips == 1
