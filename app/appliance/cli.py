@@ -31,6 +31,7 @@ from .. import __version__
 from ..api.config import Config, ConfigError, parse_size
 from ..errors import SettingError
 from ..formats.urls import RedactingFormatter, redact_text
+from ..loader.errors import LoaderError
 from ..metrics.exporter import MetricsPortError
 from .stopping import StopSignal, Stopped
 
@@ -388,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, MetricsPortError, TimeoutError) as exc:
         _refuse(str(exc))
         return 2
+    except LoaderError as exc:  # the data, not a setting: one line, as a refusal is, and the run's failure code
+        from rich.markup import escape
+
+        console.print(f"[red]error:[/red] {escape(redact_text(str(exc)))}", soft_wrap=True)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -206,7 +206,8 @@ class StagingLoader:
                 decode, spec = worker_decode(decode, spec, s.device_decode, selection, s.max_member_bytes)
             p.launcher = Launcher(WorkerCode(Decoder(decode, max_member_bytes=s.max_member_bytes), selection,
                                                   transform))  # refused if unpicklable
-            self.spec, probed = probe_spec(spec, first, self.source.describe(), p.launcher.code())
+            self.spec, probed = probe_spec(spec, first, self.source.describe(), p.launcher.code(),
+                                           s.max_sample_errors)
             if s.device_decode is not None:
                 self.spec = compressed_spec(self.spec, s.device_decode)
             layout = RingLayout(self.spec, s.batch_size, resolve_side_bytes(s.side_bytes, self.spec, probed),

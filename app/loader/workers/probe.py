@@ -1,7 +1,10 @@
 """Learn or check the batch layout from the data itself, in the trainer process, before any worker starts.
 
 A few samples spread over the first shards are decoded and transformed as a
-worker would. A declared spec is checked against each (a mismatch is refused at
+worker would; while none of them reads, the next ones are tried, as many as the
+epoch's failure budget would let go unread (at most ``PROBE_MOST``). What it
+passes over is not logged here: the workers log each sample they skip, once,
+and a refusal says what it tried, once. A declared spec is checked against each (a mismatch is refused at
 construction with the field named); an absent one is inferred from all of them,
 so a caption longer than the first one, or images of several sizes, are known
 before the epoch starts, not after. The shard indexes add the longest member of
@@ -10,8 +13,10 @@ each extension, which sizes padded fields with headroom.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
+import math
 import mmap
 import random
 from collections.abc import Iterable, Mapping
@@ -36,6 +41,7 @@ log = logging.getLogger("feedline.loader")
 
 PROBE_SHARDS = 8  # shards the samples are drawn from
 PROBE_PER_SHARD = 2  # samples read from the start of each
+PROBE_MOST = 64  # samples tried in all, however large the failure budget, while none reads
 
 
 @dataclass
@@ -47,11 +53,26 @@ class Probe:
     refused: list[tuple[str, str, Exception]] = field(default_factory=list)  # (shard, key, why) of samples not read
     bad_shards: list[str] = field(default_factory=list)  # why each shard that could not be indexed was not
     indexed: int = 0  # samples the probed shards' indexes hold
+    shards: int = 0  # shards probed
+
+    def tried(self) -> str:
+        """What was tried, for a refusal: samples, and shards."""
+        samples = len(self.refused) + len(self.samples)
+        return (f"{samples} sample{'s' if samples != 1 else ''} tried in {self.shards} "
+                f"shard{'s' if self.shards != 1 else ''}")
+
+
+def allowed_refusals(max_errors: float, indexed: int) -> int:
+    """Samples the probe may find unreadable before it refuses: the epoch's failure budget (``max_sample_errors``: a
+    count, or a fraction of the samples indexed), plus one, within ``PROBE_MOST``."""
+    budget = int(max_errors) if max_errors >= 1 else math.ceil(max_errors * indexed)
+    return min(PROBE_MOST, budget + 1)
 
 
 def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted: set[str] | None,
-          transform: Transform | None) -> Probe:
-    """Decode (and transform) the first samples of the first shards, as a worker would."""
+          transform: Transform | None, max_errors: float = 0.0) -> Probe:
+    """Decode (and transform) the first samples of the first shards, as a worker would; while none of them reads,
+    the next ones in turn, as long as the failure budget (``max_errors``) would let the epoch go on."""
     found = Probe()
     for kind, test, packages in (("a TFRecord", tfrecord.is_tfrecord, tfrecord.PACKAGES),
                                  ("a Parquet", parquet.is_parquet, parquet.PACKAGES)):
@@ -61,38 +82,62 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
             raise SettingError("shards", f"{first} is {kind} file, and reading one needs {' and '.join(missing)}, "
                                          f"which is not installed: pip install {' '.join(missing)} (feedline depends "
                                          f"on it; an install with --no-deps leaves it out)")
-    for path in sorted(shards)[:PROBE_SHARDS]:
-        try:
-            index = load_index(path)
-        except ShardError as exc:
-            log.warning("%s", exc)
-            found.bad_shards.append(str(exc))
-            continue
-        found.indexed += len(index.samples)
-        records = tfrecord.is_tfrecord(path) or parquet.is_parquet(path)
-        for ref in index.samples if not records else ():  # a record's index entry is a place, not a member
-            for ext, (_, size) in ref.fields.items():
-                found.largest[ext] = max(found.largest.get(ext, 0), size)
-        _check_packages(decoder, _decoded(found.largest, selection, wanted), path)
-        refs = index.samples[:PROBE_PER_SHARD]
-        if not refs:
-            continue
-        # mapped, not read, as a worker maps it: a member past max_member_bytes (a hole in a compressed shard's
-        # plain copy) is refused unread, never copied into the training process; a Parquet row is read from it
-        with open(path, "rb") as f:
-            data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-        for ref in refs:
+    opened: list[tuple[str, memoryview, list[Any]]] = []  # (path, its mapping, its samples' index entries)
+    try:
+        for path in sorted(shards)[:PROBE_SHARDS]:
+            found.shards += 1
             try:
-                sample, _ = load_sample(data, path, ref, decoder, selection, wanted, transform, set())
-            except UnsafeMemberError as exc:
-                raise SettingError("fields", f"{path} sample {ref.key!r}: {exc}") from None
-            except Exception as exc:
-                log.warning("%s sample %r cannot be read (%s); trying the next", path, ref.key, exc)
-                found.refused.append((path, ref.key, exc))
+                index = load_index(path)
+            except ShardError as exc:
+                found.bad_shards.append(str(exc))
                 continue
-            found.samples.append(sample)
+            found.indexed += len(index.samples)
+            records = tfrecord.is_tfrecord(path) or parquet.is_parquet(path)
+            for ref in index.samples if not records else ():  # a record's index entry is a place, not a member
+                for ext, (_, size) in ref.fields.items():
+                    found.largest[ext] = max(found.largest.get(ext, 0), size)
+            _check_packages(decoder, _decoded(found.largest, selection, wanted), path)
+            if not index.samples:
+                continue
+            # mapped, not read, as a worker maps it: a member past max_member_bytes (a hole in a compressed shard's
+            # plain copy) is refused unread, never copied into the training process; a Parquet row is read from it
+            with open(path, "rb") as f:
+                data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            opened.append((path, data, index.samples))
+            for ref in index.samples[:PROBE_PER_SHARD]:
+                _read(found, data, path, ref, decoder, selection, wanted, transform)
+        allowed = allowed_refusals(max_errors, found.indexed)
+        depth = PROBE_PER_SHARD
+        while not found.samples and len(found.refused) < allowed and any(depth < len(refs) for *_, refs in opened):
+            for path, data, refs in opened:  # the next sample of each shard in turn
+                if depth < len(refs) and not found.samples and len(found.refused) < allowed:
+                    _read(found, data, path, refs[depth], decoder, selection, wanted, transform)
+            depth += 1
+    finally:
         parquet.ROW_GROUPS.clear()  # the trainer keeps no row groups, nor their mappings
+        for _, data, _ in opened:
+            _unmap(data)
     return found
+
+
+def _read(found: Probe, data: memoryview, path: str, ref: Any, decoder: Decoder, selection: FieldSelection,
+          wanted: set[str] | None, transform: Transform | None) -> None:
+    try:
+        sample, _ = load_sample(data, path, ref, decoder, selection, wanted, transform, set())
+    except UnsafeMemberError as exc:
+        raise SettingError("fields", f"{path} sample {ref.key!r}: {exc}") from None
+    except Exception as exc:
+        found.refused.append((path, ref.key, exc))
+        return
+    found.samples.append(sample)
+
+
+def _unmap(data: memoryview) -> None:
+    """The shard's mapping closed, where no sample kept a view of it (else the collector closes it)."""
+    mapping = data.obj
+    with contextlib.suppress(BufferError):
+        data.release()
+        mapping.close()  # type: ignore[union-attr]
 
 
 def _installed(module: str) -> bool:
@@ -131,7 +176,7 @@ def _capacities(found: Probe, selection: FieldSelection, transform: Transform | 
 
 
 def probe_spec(spec: Spec | Mapping[str, Any] | None, shards: list[str], describe: str,
-               code: "WorkerCode") -> tuple[Spec, list[dict[str, Any]]]:
+               code: "WorkerCode", max_errors: float = 0.0) -> tuple[Spec, list[dict[str, Any]]]:
     """The batch layout, from a copy of the user's code (as a worker gets it) run on the first samples.
 
     The user's own transform object is never called here, and the training script's ``random`` and
@@ -139,27 +184,29 @@ def probe_spec(spec: Spec | Mapping[str, Any] | None, shards: list[str], describ
     """
     py_state, np_state = random.getstate(), np.random.get_state()
     try:
-        return resolve_spec(spec, shards, describe, code.decoder, code.selection, code.transform)
+        return resolve_spec(spec, shards, describe, code.decoder, code.selection, code.transform, max_errors)
     finally:
         random.setstate(py_state)
         np.random.set_state(np_state)
 
 
 def resolve_spec(spec: Spec | Mapping[str, Any] | None, shards: list[str], describe: str, decoder: Decoder,
-                 selection: FieldSelection, transform: Transform | None) -> tuple[Spec, list[dict[str, Any]]]:
-    """(the declared spec checked against the data, or one inferred from it; the samples probed)."""
+                 selection: FieldSelection, transform: Transform | None,
+                 max_errors: float = 0.0) -> tuple[Spec, list[dict[str, Any]]]:
+    """(the declared spec checked against the data, or one inferred from it; the samples probed). ``max_errors``
+    is the epoch's failure budget: the probe tries as many samples as it would let go unread."""
     declared = Spec.parse(spec) if spec is not None else None
     if not shards:
         if declared is not None:
             return declared, []
         raise SettingError("spec", "the cache holds no shard yet to infer the batch layout from; pass spec=")
     wanted = declared.sources if declared is not None and transform is None else None
-    found = probe(shards, decoder, selection, wanted, transform)
+    found = probe(shards, decoder, selection, wanted, transform, max_errors)
     if not found.samples:
         if declared is not None:
             return declared, []
         raise SettingError("spec", f"no readable sample in the first shards of {describe} to infer the batch "
-                                   f"layout from: {why_none(found)}")
+                                   f"layout from ({found.tried()}): {why_none(found)}")
     if declared is not None:
         for sample in found.samples:
             _check(declared, sample)
@@ -179,26 +226,26 @@ def why_none(found: Probe) -> str:
     """What refused every sample probed, and the fix: the first refusal of the commonest kind, with its count."""
     if not found.refused:
         if found.bad_shards:
-            return f"no shard of them could be indexed ({found.bad_shards[0]}); check the shards"
+            more = f" (and {len(found.bad_shards) - 1} more)" if len(found.bad_shards) > 1 else ""
+            return f"no shard of them could be indexed: {found.bad_shards[0].rstrip('.')}{more}; check the shards"
         return "their indexes hold no sample; check the shards (a tar's members are grouped by key: dir/key.ext)"
     too_large = [r for r in found.refused if isinstance(r[2], MemberTooLarge)]
     undecodable = [r for r in found.refused if isinstance(r[2], DecodeError) and not isinstance(r[2], MemberTooLarge)]
     rejected = [r for r in found.refused if isinstance(r[2], SampleRejected)]
-    tried = len(found.refused)
     if too_large:
         path, key, exc = too_large[0]
-        return (f"{len(too_large)} of the {tried} samples tried have a member past the bound, as {path} sample "
+        return (f"{len(too_large)} of them have a member past the bound, as {path} sample "
                 f"{key!r}: {exc}. If members are meant to be that large, raise it above them, within what a worker "
                 f"may hold (StagingLoader(max_member_bytes=...)); else leave the field out (fields=[...])")
     if undecodable:
         path, key, exc = undecodable[0]
         member = getattr(exc, "member", None)
-        return (f"{len(undecodable)} of the {tried} samples tried have a member that cannot be decoded, as {path} "
+        return (f"{len(undecodable)} of them have a member that cannot be decoded, as {path} "
                 f"sample {key!r}{f' member {member!r}' if member else ''}: {exc}. Check the shards were written whole, leave the field out (fields=[...]), "
                 f"or pass decode={{'ext': your_function}}")
     if rejected:
         path, key, exc = rejected[0]
-        return (f"{len(rejected)} of the {tried} samples tried were refused ({exc.reason}), as {path} sample "
+        return (f"{len(rejected)} of them were refused ({exc.reason}), as {path} sample "
                 f"{key!r}: {exc}")
     path, key, exc = found.refused[0]
     return (f"reading them raised, as {path} sample {key!r}: {type(exc).__name__}: {exc}. If that is your "
