@@ -11,6 +11,10 @@ import pytest
 
 from helpers import jpeg_bytes, write_tar
 
+# one xdist worker runs them all: the module's fixture runs the peers once (two workers each running Mosaic at once
+# raced for its shared memory's fixed names: "File exists: '/000000_epoch_shape'")
+pytestmark = pytest.mark.xdist_group("peers")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS_PY = os.path.join(ROOT, ".venv-peers", "bin", "python")
 

@@ -372,11 +372,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _refuse(message: str) -> None:
-    """The one line every refused setting becomes (exit code 2, no traceback)."""
+def _refuse(message: str, what: str = "configuration error") -> None:
+    """The one line every refused setting (exit code 2) or failed run (a LoaderError: 1) becomes, no traceback."""
     from rich.markup import escape
 
-    console.print(f"[red]configuration error:[/red] {escape(redact_text(message))}", soft_wrap=True)
+    console.print(f"[red]{what}:[/red] {escape(redact_text(message))}", soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,10 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, MetricsPortError, TimeoutError) as exc:
         _refuse(str(exc))
         return 2
-    except LoaderError as exc:  # the data, not a setting: one line, as a refusal is, and the run's failure code
-        from rich.markup import escape
-
-        console.print(f"[red]error:[/red] {escape(redact_text(str(exc)))}", soft_wrap=True)
+    except LoaderError as exc:  # the data, not a setting: the run failed
+        _refuse(str(exc), "error")
         return 1
     except KeyboardInterrupt:
         return 130

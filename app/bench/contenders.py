@@ -55,7 +55,7 @@ def _kind(workload: str) -> str:
 
 
 def _dataloader(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str, Any]]:
-    ds = TarShards(shards, Convert(_kind(args.workload), args.image_size))
+    ds = TarShards(shards, Convert(_kind(args.workload), args.image_size, swscale=args.video_swscale))
     return torch.utils.data.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers,
                                        collate_fn=collate_mixed if args.workload == "captioned" else None,
                                        pin_memory=torch.cuda.is_available(), persistent_workers=True,
@@ -165,6 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     order: list[list[int]] = []  # --report-order: the first epoch's labels, batch by batch, as delivered
     feed_ns = 0  # the loop thread's CPU getting batches: next(), and the copy to the GPU a baseline makes itself
     thread_start: float | None = None
+    paced = 0.0  # --steps-per-s: when the current step ends
     try:
         while True:
             it = iter(loader)
@@ -188,6 +189,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     tensors = [t.to(cuda, non_blocking=True) for t in tensors]
                 if t_start is not None:
                     feed_ns += (c1 - c0) + (time.thread_time_ns() - c2)
+                if args.steps_per_s:  # a step the loop waits on (a GPU's), paced to the rate: no CPU of its own
+                    paced = paced + 1 / args.steps_per_s if paced else time.perf_counter()
+                    time.sleep(max(0.0, paced - time.perf_counter()))
                 batches += 1
                 if batches == args.warmup_batches:  # start the clock once the pipeline is warm
                     if cuda is not None:
@@ -341,12 +345,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sample-bytes", type=int, default=1 << 20)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--warmup-batches", type=int, default=4)
+    p.add_argument("--steps-per-s", type=float, default=0.0,
+                   help="pace the loop to this many steps a second, each step a sleep (a GPU step's wait: no CPU); "
+                        "0: no step")
     p.add_argument("--zero-copy", action="store_true")
     p.add_argument("--no-draft", action="store_true")
     p.add_argument("--crop-decoder", action="store_true", help="single-core: the transform's crop decoder")
     p.add_argument("--against-draft", action="store_true",
                    help="single-core: the crop decoder and Pillow's draft decode in turns, both rates")
     p.add_argument("--device-decode", action="store_true", help="feedline, jpeg: decode where the batch lands")
+    p.add_argument("--video-swscale", action="store_true",
+                   help="dataloader, video: each frame scaled and converted in one swscale pass (SwscaleClip)")
     p.add_argument("--cache", default="", help="feedline: read a sampler's cache instead of --shards")
     p.add_argument("--mix", action="store_true", help="feedline: the shards as a two-source mixture")
     p.add_argument("--shuffle", choices=("default", "none", "epoch", "stream"), default="default",

@@ -68,10 +68,13 @@ SMALL_NOTE = ("The last column is the training process's CPU a batch that is the
               "as CUDA's are, and its copies, host memcpys a GPU's copy engine would do, are timed apart and left "
               "out of the figure (`standin_copy_ms` in docs/benchmarks.json).")
 VIDEO_NOTE = ("Every row makes the same clips with the same library (PyAV): feedline's workers with `VideoClip` (seek "
-              "to the keyframe before the window, frames nothing refers to skipped until it, each frame taken scaled and "
-              "converted in one swscale pass, written into the ring); the DataLoader row's `__getitem__` as PyAV's "
-              "documentation writes it (seek, decode forward, each frame a full RGB array, cut and resized with "
-              "Pillow); the webdataset row with webdataset's own video decoding, `torchvision.io.read_video` (every "
+              "to the keyframe before the window, frames nothing refers to skipped before it and, stride 2, inside it "
+              "unless the clip takes them, each frame taken scaled and converted in one swscale pass, written into the "
+              "ring); the DataLoader row's `__getitem__` as PyAV's documentation writes it (seek, decode forward, each "
+              "frame a full RGB array, cut and resized with Pillow); the swscale DataLoader row's as a user who knows "
+              "PyAV writes it (seek, decode forward, each frame the clip takes scaled and converted in one swscale "
+              "pass, `to_ndarray(width=, height=, format=\"rgb24\")`, then cut: the per-frame work of `VideoClip`); the "
+              "webdataset row with webdataset's own video decoding, `torchvision.io.read_video` (every "
               "frame of the video, RGB), written out as its PyAV path because torchvision does not import beside this "
               "CPU build of torch. \"1 core\" is `VideoClip` alone in one process.")
 SINGLE_CORE_NOTE = ("The two \"1 core\" rows, draft and crop decoder, are one process a round: decode + "

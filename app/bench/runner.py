@@ -22,7 +22,7 @@ from typing import Any
 from ..api.config import parse_size
 from .options import add_arguments  # noqa: F401 (the bench's options, where gpu_check finds them)
 from .report import CEILING, SHARD_ORDER, STREAM_ORDER, render_markdown, targets
-from .small import SMALL_BYTES, STANDIN_ROWS
+from .small import PACED, SMALL_BYTES, STANDIN_ROWS
 from .sections import SECTIONS, keep_earlier_sections
 from .shuffle_section import Runners, shuffle_workload
 from .rounds import AGAINST_DRAFT, Contender, interleaved, split_against_draft
@@ -97,6 +97,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             rows = interleaved(_contenders(workload, shards, args, peers), args.rounds, args.seconds, args.warmup,
                                _at_once(args))
             results["workloads"][workload] = split_against_draft(rows)
+            if workload == "jpeg" and not args.quick and shutil.which("valgrind"):  # issue 68: instructions
+                from .bookkeeping import measure
+
+                results["bookkeeping"] = measure(shards)
             shutil.rmtree(dst)
         results["cuda_copy"] = _cuda_copy_bandwidth()
     finally:
@@ -156,16 +160,18 @@ def _contenders(workload: str, shards: str, args: argparse.Namespace, peers: str
     if workload == "raw":
         return feedline + [c("DataLoader", "dataloader"), c("webdataset + DataLoader", "webdataset"), *others]
     if workload == "video":
-        from .video_bench import BATCH
+        from .video_bench import BATCH, SWSCALE_ROW
 
         batch = ("--batch-size", str(BATCH))
         return [c("feedline (zero-copy)", "feedline", "--zero-copy", *batch), c("feedline (copy)", "feedline", *batch),
                 c("DataLoader (PyAV in __getitem__)", "dataloader", *batch),
+                c(SWSCALE_ROW, "dataloader", *batch, "--video-swscale"),
                 c("webdataset + DataLoader (read_video's whole-video decode)", "webdataset", *batch),
                 c("1 core, VideoClip", "single-core", seconds=min(args.seconds, 5.0))]
     if workload == "small":
         small = ("--sample-bytes", str(SMALL_BYTES))
         return [c("feedline (zero-copy)", "feedline", "--zero-copy", *small), c("feedline (copy)", "feedline", *small),
+                *[c(row, "feedline", "--zero-copy", *small, "--steps-per-s", str(rate)) for rate, row in PACED.items()],
                 *[c(row, "feedline", *small, "--device", "standin", *extra) for row, extra in STANDIN_ROWS.items()],
                 c("DataLoader", "dataloader", *small)]
     if workload == "captioned":

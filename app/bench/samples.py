@@ -49,15 +49,17 @@ def _read(tar: tarfile.TarFile, info: tarfile.TarInfo) -> bytes:
 class Convert:
     """Bytes of a sample to tensors, as a typical hand-written dataset does (picklable for spawn)."""
 
-    def __init__(self, workload: str, image_size: int):
+    def __init__(self, workload: str, image_size: int, swscale: bool = False):
         self.workload = workload
         self.rrc = RandomResizedCrop(image_size, draft=False)  # torchvision-style: full-size decode
+        self.swscale = swscale  # video: the competent row (SwscaleClip), else PyAV's documented way (UserClip)
 
     def __call__(self, s: dict[str, Any]) -> dict[str, Any]:
         if self.workload == "video":  # the same library (PyAV), the same clip, as a dataset's __getitem__ writes it
-            from .video_bench import UserClip, clip_of
+            from .video_bench import SwscaleClip, UserClip, clip_of
 
-            clip = clip_of(s["mp4"]) if isinstance(s["mp4"], np.ndarray) else UserClip()(s["mp4"])
+            clip = (clip_of(s["mp4"]) if isinstance(s["mp4"], np.ndarray) else
+                    SwscaleClip()(s["mp4"]) if self.swscale else UserClip()(s["mp4"]))
             return {"mp4": torch.from_numpy(clip), "cls": int(s["cls"])}
         if self.workload == "raw":
             arr = np.frombuffer(s["bin"], dtype=np.uint8).copy()
