@@ -173,10 +173,9 @@ class EpochIterator:
         tensors = item.tensors
         if item.slot is not None and self._kept is not None:  # copy mode: the slot's until let go
             self._kept.hold(item.slot, tensors)
-        elif item.slot is not None:  # zero-copy: views of the slot, valid until the next next()
+        elif item.slot is not None:  # zero-copy: views of the slot (SlotView), valid until the next next()
             self._held_slot = item.slot
-            tensors = {k: SlotView.of(v) for k, v in tensors.items()}
-            self._held = list(tensors.values())
+            self._held = list(tensors.values())  # type: ignore[arg-type]
         self._cursor.record(*item.origin)
         if self._reading is not None:
             self._reading()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .cost import TrainerCost
 from .device.device_decode import DeviceDecoder
 from .device.gpu import Gpu
+from .device.handoff import DirectHandOff
 from .device.slots import DeviceSlots
 from .device.transfer import TransferStage
 from .iterator import HandOff
@@ -39,10 +40,12 @@ class Pipeline:
         self.decoder: DeviceDecoder | None = None  # device_decode=: the batch stage's image decoder
 
     def tick(self, stats: StatsRecorder, slots: int, cost: TrainerCost) -> None:
-        """The dispatcher's, 4 times a second: slots of kept batches let go return, the gauges and feedline's CPU
-        in this process go to ``stats``."""
+        """The dispatcher's, 4 times a second: slots of kept batches let go return (zero-copy: the next batches'
+        views are made), the gauges and feedline's CPU in this process go to ``stats``."""
         if self.kept is not None:
             self.kept.give_back_idle()
+        elif isinstance(self.queue, DirectHandOff):  # zero-copy on a CPU host: next()'s views made ahead
+            self.queue.restock()
         stats.report_gauges(*self.gauges(slots))
         stats.report_cost(cost.snapshot())
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from itertools import accumulate
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -96,13 +96,28 @@ class SideWriter:
         return total
 
 
-def read(views: dict[str, np.ndarray], n: int, fields: tuple[Field, ...]) -> tuple[dict[str, list[Any]], int]:
+class SideRegion(NamedTuple):
+    """A slot's side region as flat memoryviews: what ``read`` slices, without a numpy call (each costs microseconds
+    more than a memoryview's, tens of microseconds when the loop comes back from a long step to cold caches)."""
+
+    lengths: memoryview  # int32, sample-major: (batch, fields) flattened
+    data: memoryview  # the values, back to back
+
+    @classmethod
+    def of(cls, views: dict[str, np.ndarray]) -> "SideRegion":
+        return cls(memoryview(views[SIDE_LEN]).cast("B").cast("i"), memoryview(views[SIDE_DATA]).cast("B"))
+
+
+def read(views: "dict[str, np.ndarray] | SideRegion", n: int,
+         fields: tuple[Field, ...]) -> tuple[dict[str, list[Any]], int]:
     """(the side values of the first ``n`` samples of a slot, one list per field; their bytes) — in the trainer,
-    on every batch: text that is ASCII (keys almost always are) is decoded once and sliced."""
-    flat = views[SIDE_LEN][:n].ravel().tolist()  # sample-major: the order the worker packed them in
+    on every batch: text that is ASCII (keys almost always are) is decoded once and sliced. ``views``: the slot's
+    arrays, or its ``SideRegion`` (made once a slot by a caller that reads it batch after batch)."""
+    region = views if isinstance(views, SideRegion) else SideRegion.of(views)
+    flat = region.lengths[: n * len(fields)].tolist()  # sample-major: the order the worker packed them in
     ends = list(accumulate(flat))
     total = ends[-1] if ends else 0
-    blob = views[SIDE_DATA].reshape(-1)[:total].tobytes()  # one copy of what is used
+    blob = region.data[:total].tobytes()  # one copy of what is used
     width = len(fields)
     text: str | None = None
     out: dict[str, list[Any]] = {}
