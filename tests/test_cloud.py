@@ -23,6 +23,9 @@ from helpers import store_sampler as sampler
 from feedline.demo.cloudstores import AzuriteEmulator, GcsEmulator, azurite_script, fake_gcs_binary
 from feedline.demo.procs import free_port
 
+# in one xdist worker: one set of store emulators (Azurite, fake-gcs-server) for the module
+pytestmark = pytest.mark.xdist_group("cloud")
+
 BUCKET = "feedline-data"
 SHARDS = 6
 CLOUDS = ["gcs", "azure", "abfs"]

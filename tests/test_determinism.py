@@ -13,6 +13,9 @@ from helpers import jpeg_bytes, write_tar
 from feedline import DeviceDecode, StagingLoader
 from feedline.formats.transforms import Compose, RandomResizedCrop
 
+# in one xdist worker: its reference runs (module fixtures) run once
+pytestmark = pytest.mark.xdist_group("determinism")
+
 SPEC = {"jpg": ("uint8", (16, 16, 3)), "cls": "int64", "noise": ("float64", (3,))}
 
 

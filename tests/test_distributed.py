@@ -12,6 +12,9 @@ import time
 import pytest
 from helpers import ROOT, descendants, gone, jpeg_bytes, write_tar
 
+# in one xdist worker: its module fixtures' torchrun jobs run once
+pytestmark = pytest.mark.xdist_group("distributed")
+
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
 
@@ -84,17 +87,19 @@ def test_equal_batches_gives_every_rank_the_largest_or_the_smallest_count(tmp_pa
     assert json.loads(summary.read_text())["steps_per_rank"] == [pick(counts)] * 2
 
 
+HEADER = """
+import json, sys
+import torch
+import torch.distributed as dist
+from feedline import StagingLoader
+"""
+
 EPOCHS = textwrap.dedent("""
-    import json, sys
-    import torch
-    import torch.distributed as dist
-    from feedline import StagingLoader
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    try:
+    def epochs_of(path, modes):
+        rank = dist.get_rank()
         out = {}
-        for mode in sys.argv[2:]:
-            with StagingLoader(sys.argv[1], batch_size=4, workers=1, spec={"cls": "int64"}) as loader:
+        for mode in modes:
+            with StagingLoader(path, batch_size=4, workers=1, spec={"cls": "int64"}) as loader:
                 if mode == "disagree":
                     loader.set_epoch(3 if rank == 0 else 0)
                 epochs = []
@@ -110,30 +115,81 @@ EPOCHS = textwrap.dedent("""
                         dist.all_reduce(torch.ones(1))  # what a DDP step does: a collective every rank must join
                     epochs.append(keys)
                 out[mode] = {"epochs": epochs, "last": loader.epoch}
-        # one write per rank: both ranks share torchrun's (unbuffered) stdout
-        sys.stdout.write("RESULT " + json.dumps(out) + "\\n")
-    finally:
-        dist.destroy_process_group()
+        return out
 """)
+
+LENGTH = textwrap.dedent("""
+    def lengths_of(path, modes):
+        out = {}
+        for mode in modes:
+            settings = dict(batch_size=4, workers=1, spec={"cls": "int64"}, equal_batches=mode)
+            with StagingLoader(path, **settings) as loader:
+                seen = []
+                for epoch in range(2):
+                    before = len(loader)  # what a trainer sizing its epoch asks first
+                    n = 0
+                    for batch in loader:
+                        n += 1
+                        during = len(loader)
+                        if epoch == 1 and n == 1:
+                            state = loader.state_dict()  # every rank's, as a trainer saves it, mid-epoch
+                    seen.append([before, during, n])
+            with StagingLoader(path, **settings) as again:
+                again.load_state_dict(state)
+                resumed = len(again)  # a resumed trainer sizes the rest of its epoch the same way
+                seen.append([resumed, resumed, 1 + sum(1 for _ in again)])
+            out[mode] = seen
+        return out
+""")
+
+
+def _main(call: str) -> str:
+    """A torchrun script's end: the process group around ``call``, one RESULT line per rank (both ranks share
+    torchrun's unbuffered stdout: one write each)."""
+    return textwrap.dedent(f"""
+        dist.init_process_group("gloo")
+        try:
+            sys.stdout.write("RESULT " + json.dumps({call}) + "\\n")
+        finally:
+            dist.destroy_process_group()
+    """)
+
+
+def _results(run) -> list:
+    return [json.loads(line.split("RESULT ", 1)[1]) for line in run.stdout.splitlines() if "RESULT " in line]
 
 
 def _epochs_run(tmp_path, *modes):
     data = jpeg_shards(str(tmp_path / "data"), [8, 8, 8, 8])
     script = tmp_path / "epochs.py"
-    script.write_text(EPOCHS)
+    script.write_text(HEADER + EPOCHS + _main("epochs_of(sys.argv[1], sys.argv[2:])"))
     return torchrun(str(script), data, *modes, env={"PYTHONPATH": ROOT}, timeout=120)
 
 
 @pytest.fixture(scope="module")
-def counted_epochs(tmp_path_factory):
-    """Three epochs read as a plain loop and then with a peek on one rank, in one torchrun job (its start is
-    most of its time); each rank's keys per epoch."""
-    return _epochs_run(tmp_path_factory.mktemp("epochs"), "plain", "peek")
+def one_job(tmp_path_factory):
+    """One torchrun job (its start is most of its time) for the module's fixtures: three epochs read as a plain
+    loop and then with a peek on one rank, on 4 shards; then both equal_batches modes on 3 uneven shards."""
+    tmp_path = tmp_path_factory.mktemp("job")
+    epochs_data = jpeg_shards(str(tmp_path / "epochs"), [8, 8, 8, 8])
+    length_data = jpeg_shards(str(tmp_path / "length"), [30, 8, 8])  # 3 shards for 2 ranks: never an even split
+    script = tmp_path / "job.py"
+    script.write_text(HEADER + EPOCHS + LENGTH + _main(
+        '{"epochs": epochs_of(sys.argv[1], ["plain", "peek"]), "length": lengths_of(sys.argv[2], ["drop", "pad"])}'))
+    run = torchrun(str(script), epochs_data, length_data, env={"PYTHONPATH": ROOT}, timeout=180)
+    return run, length_data
 
 
-def _assert_epochs_count_up(run, mode):
+@pytest.fixture(scope="module")
+def counted_epochs(one_job):
+    """Each rank's keys per epoch, a plain loop's and a peeking one's."""
+    run, _ = one_job
     assert run.returncode == 0, run.stderr[-3000:]
-    results = [json.loads(line.split("RESULT ", 1)[1])[mode] for line in run.stdout.splitlines() if "RESULT " in line]
+    return [r["epochs"] for r in _results(run)]
+
+
+def _assert_epochs_count_up(results, mode):
+    results = [r[mode] for r in results]
     assert len(results) == 2 and all(r["last"] == 2 for r in results)
     everything = sorted(f"k{k}{i:03d}" for k in range(4) for i in range(8))
     orders = []
@@ -157,55 +213,18 @@ def test_ranks_that_name_different_epochs_get_one_clear_error_naming_both(tmp_pa
     assert "rank 0: 3, rank 1: 0" in run.stderr and "set_epoch" in run.stderr
 
 
-LENGTH = textwrap.dedent("""
-    import json, sys
-    import torch.distributed as dist
-    from feedline import StagingLoader
-    dist.init_process_group("gloo")
-    try:
-        out = {}
-        for mode in sys.argv[2:]:
-            settings = dict(batch_size=4, workers=1, spec={"cls": "int64"}, equal_batches=mode)
-            with StagingLoader(sys.argv[1], **settings) as loader:
-                seen = []
-                for epoch in range(2):
-                    before = len(loader)  # what a trainer sizing its epoch asks first
-                    n = 0
-                    for batch in loader:
-                        n += 1
-                        during = len(loader)
-                        if epoch == 1 and n == 1:
-                            state = loader.state_dict()  # every rank's, as a trainer saves it, mid-epoch
-                    seen.append([before, during, n])
-            with StagingLoader(sys.argv[1], **settings) as again:
-                again.load_state_dict(state)
-                resumed = len(again)  # a resumed trainer sizes the rest of its epoch the same way
-                seen.append([resumed, resumed, 1 + sum(1 for _ in again)])
-            out[mode] = seen
-        sys.stdout.write("RESULT " + json.dumps(out) + "\\n")
-    finally:
-        dist.destroy_process_group()
-""")
-
-
 @pytest.fixture(scope="module")
-def lengths(tmp_path_factory):
-    """Both equal_batches modes, one after the other in one torchrun job (a job's start is most of its time):
-    the shards' per-rank batch counts and what len() and the loop said on each rank."""
+def lengths(one_job):
+    """Both equal_batches modes: the shards' per-rank batch counts and what len() and the loop said on each rank."""
     from feedline.loader.plan.epoch_plan import EpochPlan
     from feedline.loader.plan.rank import Rank
 
-    tmp_path = tmp_path_factory.mktemp("length")
-    data = jpeg_shards(str(tmp_path / "data"), [30, 8, 8])  # 3 shards for 2 ranks: never an even split
+    run, data = one_job
+    assert run.returncode == 0, run.stderr[-3000:]
     shards = sorted(glob.glob(data))
     counts = {e: [EpochPlan.make(shards, epoch=e, seed=0, rank=Rank(r, 2), workers=1).batches(4, False)
                   for r in (0, 1)] for e in (0, 1)}
-    script = tmp_path / "length.py"
-    script.write_text(LENGTH)
-    run = torchrun(str(script), data, "drop", "pad", env={"PYTHONPATH": ROOT}, timeout=120)
-    assert run.returncode == 0, run.stderr[-3000:]
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in run.stdout.splitlines() if "RESULT " in line]
-    return counts, results
+    return counts, [r["length"] for r in _results(run)]
 
 
 @pytest.mark.parametrize("mode, pick", [("drop", min), ("pad", max)])

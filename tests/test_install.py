@@ -14,6 +14,9 @@ import zipfile
 import pytest
 from helpers import ROOT, jpeg_bytes, write_tar
 
+# in one xdist worker: one wheel and one fresh venv for the module
+pytestmark = pytest.mark.xdist_group("install")
+
 VERSION = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["project"]["version"]
 
 # The user's training script: top level, no `if __name__ == "__main__":`, importing its own `app` and feedline,

@@ -33,6 +33,9 @@ from feedline.metrics.exporter import MetricsPortError
 from feedline.metrics.sink import PrometheusSink
 from feedline.report.prometheus import PrometheusAPI
 
+# in one xdist worker: one Prometheus-scraped run (fed_run) and one report for the module
+pytestmark = pytest.mark.xdist_group("observability")
+
 PROM = os.path.join(ROOT, "deploy", "prometheus")
 ALLOWED_LABELS = {"queue", "state", "stage", "reason", "kind", "version", "rank", "le", "thread"}
 

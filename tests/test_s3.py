@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, id_shards, manifest_ids, wait_for, write_tar
+from helpers import KEPT_FOR_THE_MODULE, ROOT, id_shards, manifest_ids, wait_for, write_tar
 from helpers import cached_ids as all_ids
 from helpers import store_sampler as sampler
 
@@ -13,14 +13,21 @@ from feedline.demo.procs import free_port
 from feedline.demo.s3store import S3Store
 
 BUCKET = "feedline-data"
+
+# in one xdist worker: one S3 server for the module
+pytestmark = pytest.mark.xdist_group("s3")
 SHARDS = 6
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def s3():
-    """A real S3-compatible server on 127.0.0.1, checking credentials like AWS."""
+    """A real S3-compatible server on 127.0.0.1, checking credentials like AWS: one for the module (each test's
+    objects under keys of their own; the shards' are the same each time)."""
     with S3Store(BUCKET, auth=True) as server:
+        KEPT_FOR_THE_MODULE.add(server.proc.pid)
         yield server
+    KEPT_FOR_THE_MODULE.discard(server.proc.pid)
+    assert server.proc.poll() is not None, "the S3 server outlived its module"
 
 
 @pytest.fixture

@@ -15,6 +15,9 @@ from feedline import StagingLoader
 from feedline.formats import tfrecord
 from feedline.formats.shard_index import ShardError, build_index
 
+# in one xdist worker: TensorFlow starts once to write the module's files
+pytestmark = pytest.mark.xdist_group("tfrecord")
+
 def tf_written(directory, *extra):
     return peer_written("tfrecord", directory, *extra)
 
