@@ -46,7 +46,9 @@ def pytest_collection_modifyitems(session, config, items):
     The 3-minute soak run starts now, when its test is among those to run: it runs beside the others
     (``background_soak.py``), and its test checks it. It takes a share of the CPUs while it runs, and its
     processes make and free shared memory, so the tests marked ``idle_cpus`` or ``serial`` run last, after the
-    soak's test has waited for its end: no other work of the suite's own is running beside them then."""
+    soak's test has waited for its end: no other work of the suite's own is running beside them then. The tests
+    marked ``beside_soak`` run before the soak's own test (which waits for the soak's end), whatever their
+    modules' names: they fill its three minutes (issue 68: test_trainers ran after it, 42 s the run waited)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -61,7 +63,12 @@ def pytest_collection_modifyitems(session, config, items):
         def late(item):  # after the soak's test has waited for its end: nothing of the soak's beside them
             return item.get_closest_marker("idle_cpus") or item.get_closest_marker("serial")
 
-        items[:] = [item for item in items if not late(item)] + [item for item in items if late(item)]
+        def soak(item):  # the soak's own test waits for its end: after every test meant to run beside it
+            return item.name == background_soak.TEST
+
+        beside = [item for item in items if item.get_closest_marker("beside_soak") and not late(item)]
+        items[:] = ([item for item in items if not late(item) and not soak(item) and item not in beside] + beside
+                    + [item for item in items if soak(item)] + [item for item in items if late(item)])
 
 
 def pytest_sessionfinish(session, exitstatus):
