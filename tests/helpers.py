@@ -235,6 +235,26 @@ class Slow:
         return sample
 
 
+class Burn:
+    """A transform that computes (a decode): ``rounds`` of arithmetic, CPU time that stretches when it shares a
+    CPU."""
+
+    def __init__(self, rounds: int):
+        self.rounds = rounds
+
+    def __call__(self, sample):
+        burn(self.rounds)
+        return sample
+
+
+def burn(rounds: int) -> int:
+    """A fixed amount of CPU work (its wall time grows when the CPU is shared)."""
+    x = 0
+    for i in range(rounds):
+        x = (x * 31 + i) & 0xFFFF
+    return x
+
+
 PEERS_PY = os.path.join(ROOT, ".venv-peers", "bin", "python")  # tensorflow-cpu and datasets (scripts/setup-peers)
 
 

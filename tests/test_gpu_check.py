@@ -25,8 +25,8 @@ def test_the_dry_run_runs_every_step_without_cuda_and_reports_the_cuda_ones_skip
     assert steps["build"]["status"] in ("ok", "skipped")
     if not torch.cuda.is_available():
         assert steps["tests"]["status"] == "skipped: no CUDA", steps["tests"]
-        assert results["sections"] == {name: {"skipped": "no CUDA"} for name in ("raw", "decode", "h2d", "e2e",
-                                                                                  "e2e-256")}
+        assert results["sections"] == {name: {"skipped": "no CUDA"} for name in ("placement", "raw", "decode", "h2d",
+                                                                                  "e2e", "e2e-256")}
     assert "tests/test_cuda.py" in steps["tests"]["detail"] and "skipped" in steps["tests"]["detail"]
     md = (out / "results.md").read_text()
     assert md.startswith("# gpu-check: ") and results["when"] in md and "| e2e |" in md
@@ -182,3 +182,23 @@ def test_the_e2e_step_taken_apart_shows_each_contenders_trace_and_the_loaders_ow
     assert "| synthetic, a loader running beside it | FAILED: contender synthetic-beside failed: / boom |" in md
     assert "| e2e | ResNet-50 step fed by feedline within 5 % of synthetic data on the device, batch 32 " \
            "(launch-bound) | feedline 51% of synthetic | **no** |" in md
+
+def test_the_placement_section_tells_contention_placement_and_worker_count_apart():
+    """Issue 69's GPU rows: synthetic alone and beside the loader (unplaced, placed), feedline unplaced and placed
+    at 4, 8 and 12 workers and with the defaults, DataLoader; the topology in its text."""
+    from feedline.bench.gpu_placement import CEILING, markdown_lines, rows
+
+    names = rows(cpus=16, e2e_workers=12)
+    assert list(names)[0] == CEILING and len(names) == 11
+    assert names["feedline, placed, 8 workers"] == ("feedline", "--workers", "8", "--cpu-placement", "auto")
+    assert names["synthetic, the loader beside it at full tilt, unplaced"][-1] == "off"
+    assert [n for n in rows(cpus=6, e2e_workers=2) if "unplaced," in n and n.startswith("feedline")] == [
+        "feedline, unplaced, 4 workers"]  # 8 and 12 need more CPUs than 6
+    fake = {"batch_size": 256, "rows": {n: {"samples_per_s": 1000.0, "starvation": 0.01, "main_cpu_pct": 100}
+                                        for n in names},
+            "ratios": {n: (0.9, 0.9, 0.9) for n in names if n != CEILING},
+            "topology": {"cpus": "0-15", "cores": 8, "threads_per_core": 2, "numa_nodes": 1, "quota": None,
+                         "idle_mhz": 2400.0, "under_load_mhz": 2100.0, "Model name": "AMD EPYC"}}
+    text = "\n".join(markdown_lines(fake))
+    assert "8 cores, 2 threads a core" in text and "2100.0 MHz under the defaults' row" in text
+    assert text.count("| feedline, ") == 7

@@ -37,7 +37,7 @@ from feedline.report.prometheus import PrometheusAPI
 pytestmark = pytest.mark.xdist_group("observability")
 
 PROM = os.path.join(ROOT, "deploy", "prometheus")
-ALLOWED_LABELS = {"queue", "state", "stage", "reason", "kind", "version", "rank", "le", "thread"}
+ALLOWED_LABELS = {"queue", "state", "stage", "reason", "kind", "version", "rank", "le", "thread", "side"}
 
 
 def promtool(*args, stdin=None):

@@ -95,6 +95,11 @@ class Config:
     worker_memory: int = setting(0, "private resident memory a decode worker may hold (e.g. 2GiB); above it the "
                                     "worker is replaced and the sample it was decoding handled as a crash's "
                                     "(0: no ceiling)", "loader", parse=parse_size, minimum=0)
+    cpu_placement: str = setting("auto", "where the training process and its workers run: auto (cores of its own "
+                                         "for the training process, the rest for the workers, one a core), off, or "
+                                         "CPU lists as trainer=0-1;workers=2-15", "loader")
+    trainer_cores: int = setting(0, "with cpu_placement=auto, the cores the training process keeps (0: 2 where "
+                                    "a rank has 8 cores or more, else 1)", "loader", minimum=0)
     stall_timeout: float = setting(120.0, "seconds any stage of the loader's hand-off (the dispatcher thread, a "
                                           "worker's start, a transfer thread, the workers while the loop waits) "
                                           "may go without answering before the run stops with an error naming it",
@@ -333,7 +338,8 @@ class Config:
             worker_timeout=self.worker_timeout, stall_timeout=self.stall_timeout, side_bytes=self.side_bytes or None,
             decompress_dir=self.decompress_dir or None, equal_batches=self.equal_batches,
             min_shards=self.min_shards, wait_timeout=self.wait_timeout, max_member_bytes=self.max_member_bytes,
-            worker_memory=self.worker_memory, rank=Rank.detect(local=True) if self.rank_scope == "local" else None)
+            worker_memory=self.worker_memory, rank=Rank.detect(local=True) if self.rank_scope == "local" else None,
+            cpu_placement=self.cpu_placement, trainer_cores=self.trainer_cores or None)
 
     def sidecar_settings(self) -> SidecarSettings:
         return SidecarSettings(

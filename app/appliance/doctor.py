@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..api.config import Config
+from ..errors import SettingError
 from ..formats import fastjpeg
 from ..loader.layout.side import KEY_ONLY_SIDE_BYTES
 from ..loader.settings import default_ring_slots
@@ -24,6 +25,26 @@ def _check_crop_decoder() -> Check:
     return Check("JPEG crop decoder", True if built else False, detail,
                  "" if built else "install libjpeg62-turbo-dev (Debian; libjpeg-turbo8-dev on Ubuntu) and a C "
                  "compiler, then ./scripts/setup (or pip install --force-reinstall --no-deps .)")
+
+
+def _check_placement(cfg: Config) -> Check:
+    """Where the training process and its workers would run here (``cpu_placement``), and why not."""
+    from ..loader.cpus.placement import for_this_process
+
+    try:
+        placed = for_this_process(cfg.cpu_placement, cfg.trainer_cores or None)
+    except SettingError as exc:
+        return Check("CPU placement", False, exc.message, "set cpu_placement (FEEDLINE_CPU_PLACEMENT / "
+                                                          "--cpu-placement) to auto, off, or trainer=...;workers=...")
+    detail = placed.describe().removeprefix("CPU placement: ")
+    if placed.host is not None:
+        h = placed.host
+        detail += (f"; this process may use {len(h.allowed)} CPUs ({len(h.cores)} cores, {h.siblings} thread"
+                   f"{'s' if h.siblings > 1 else ''} a core"
+                   + (f", {len(set(h.nodes.values()))} NUMA nodes" if len(set(h.nodes.values())) > 1 else "")
+                   + (f", a quota of {h.quota:g}" if h.quota is not None else "") + ")")
+    return Check("CPU placement", True if placed.placed or cfg.cpu_placement == "off" else None, detail,
+                 "" if placed.placed else "nothing to do: the training process and the workers share the CPUs")
 
 
 def run(cfg: Config, console: Console) -> int:
@@ -42,6 +63,7 @@ def run(cfg: Config, console: Console) -> int:
         check_memory_for(f"the sampler's cache ({fmt_bytes(cfg.budget)} of tmpfs pages)", cfg.budget),
         check_memory_for(f"the trainer's batch ring ({slots} slots of {cfg.batch_size} demo samples)", ring),
         check_gpu(),
+        _check_placement(cfg),
         check_pillow_simd(),
         _check_crop_decoder(),
         *check_docker(cfg.budget),

@@ -116,7 +116,7 @@ def _feedline(args: argparse.Namespace, shards: list[str]) -> Iterable[dict[str,
     threads = {} if args.transfer_threads is None else {"transfer_threads": args.transfer_threads}
     return StagingLoader(**source, batch_size=args.batch_size, workers=args.workers, h2d=args.h2d,
                          **threads, spec=spec, transform=transform, device=device,
-                         zero_copy=args.zero_copy, **decode,
+                         zero_copy=args.zero_copy, cpu_placement=args.cpu_placement, **decode,
                          shuffle=SHUFFLES.get(getattr(args, "shuffle", "default"), True))  # default: the epoch
 
 
@@ -354,6 +354,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--against-draft", action="store_true",
                    help="single-core: the crop decoder and Pillow's draft decode in turns, both rates")
     p.add_argument("--device-decode", action="store_true", help="feedline, jpeg: decode where the batch lands")
+    p.add_argument("--cpu-placement", default="off",
+                   help="feedline: off (default here: a throughput row's loop does nothing, and the peers are not "
+                        "placed either), auto, or trainer=...;workers=... (the placement section measures it)")
     p.add_argument("--video-swscale", action="store_true",
                    help="dataloader, video: each frame scaled and converted in one swscale pass (SwscaleClip)")
     p.add_argument("--cache", default="", help="feedline: read a sampler's cache instead of --shards")

@@ -76,7 +76,7 @@ def _loader(args: argparse.Namespace, device: str) -> Any:
                               "transform": RandomResizedCrop(args.image_size, fields=["jpg"])})
     return StagingLoader(sorted(glob.glob(args.shards)), fields=["jpg", "cls"], batch_size=args.batch_size,
                          workers=args.workers, device=device, shuffle=False, drop_last=args.drop_last, h2d=args.h2d,
-                         **threads, **extra)
+                         cpu_placement=args.cpu_placement, **threads, **extra)
 
 
 def _feed(args: argparse.Namespace, device: torch.device) -> Iterable[dict[str, Any]]:
@@ -251,7 +251,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="feedline-host and synthetic-beside: gpu-check's diagnosis of a missed e2e target")
     p.add_argument("--shards", default="", help="a glob of the JPEG workload's shards")
     p.add_argument("--model", choices=("resnet50", "tiny"), default="resnet50")
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--workers", type=lambda v: v if v == "auto" else int(v), default=4, help="a count, or auto")
+    p.add_argument("--cpu-placement", default="auto", help="feedline: auto, off, or trainer=...;workers=...")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--steps", type=int, default=50, help="timed steps, after --warmup")

@@ -4,6 +4,9 @@ results file (JSON and a markdown table, the device named and dated).
 A GPU is lent now and then for minutes, so this runs what the CUDA path's targets need and nothing else,
 each section within what is left of the check's deadline (a section that would not fit says so):
 
+- ``placement`` (first: issue 69): at batch 256, synthetic alone, beside the loader at full tilt unplaced and
+  placed, feedline unplaced and placed at 4, 8 and 12 workers and placed with ``workers="auto"``, DataLoader,
+  and the CPU topology (``gpu_placement.py``); the sections after it run while the budget lasts;
 - ``raw``: 1 MiB samples to the device, feedline against ``DataLoader`` (pinned, ``non_blocking``), and the
   training process's own CPU per wall second;
 - ``decode``: ``device_decode`` against CPU decode (decode + RandomResizedCrop in the workers), same workers;
@@ -31,10 +34,13 @@ import time
 from typing import Any
 
 from .gpu_data import datasets, to_shm
+from .gpu_placement import COST as PLACEMENT_COST
+from .gpu_placement import section as placement_section
 from .gpu_results import PROFILE_SECONDS, SECTIONS, markdown
 from .rounds import Contender, interleaved, ratio
 
-COST = {"raw": 60, "decode": 70, "h2d": 5, "e2e": 80, "e2e-256": 60}  # about the seconds each takes on an H100 host
+COST = {"placement": PLACEMENT_COST, "raw": 60, "decode": 70, "h2d": 5, "e2e": 80,  # about the seconds each
+        "e2e-256": 60}  # takes on an H100 host
 WHY_COST = 90  # the e2e section's diagnosis: seven contenders once
 DIAGNOSIS = {  # row: the e2e command's arguments (feed first)
     "synthetic, a loader running beside it": ("synthetic-beside",),
@@ -274,6 +280,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 if name == "h2d":
                     sections[name] = _section_h2d(args, sections.get("raw"))
+                elif name == "placement":  # where a fed step loses to synthetic data, at the large batch
+                    from .contend import _run_json
+
+                    sections[name] = placement_section(
+                        lambda feed, batch, *extra: _e2e_cmd(args, data, feed, args.e2e_steps, batch, *extra),
+                        _run_json, batches[-1], args.e2e_workers)
                 elif name == "e2e":  # the launch-bound batch, taken apart in the same run
                     sections[name] = _section_e2e(args, data, batches[0], diagnose=True)
                 elif name == "e2e-256":

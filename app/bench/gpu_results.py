@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-TARGETS = {
+TARGETS = {  # in the order they run: what a check must bring back first (issue 69), then what fits
+    "placement": "ResNet-50 at batch 256 fed by feedline with the defaults (workers=\"auto\", cpu_placement=\"auto\") "
+                 "within 5 % of synthetic; the rows that tell contention, placement and worker count apart",
     "raw": "feedline >= 5x DataLoader (pinned, non_blocking) samples/s, the training process's CPU <= 10 % of a core",
     "decode": "device_decode >= 2x CPU decode samples/s, the same workers",
     "h2d": "the loader's copies against torch's own pinned copy bandwidth (a row)",
@@ -35,6 +37,11 @@ def markdown(results: dict[str, Any]) -> str:
             run_ = s["summary"] + (f" ({s['rehearsal']})" if "rehearsal" in s else "")
             met = "—" if s.get("met") is None or "rehearsal" in s else ("yes" if s["met"] else "**no**")
         out.append(f"| {name} | {TARGETS[name]} | {run_.replace('|', '/')} | {met} |")
+    placed = results["sections"].get("placement", {})
+    if "rows" in placed:
+        from .gpu_placement import markdown_lines
+
+        out += markdown_lines(placed)
     why = results["sections"].get("e2e", {}).get("why")
     if why:
         out += ["", "The e2e step taken apart (each once; the trace: torch's profiler over 4 more steps; the loader's "

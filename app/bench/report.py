@@ -239,6 +239,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
             from .launch_section import markdown_lines as launch_lines
 
             lines += launch_lines(r["launch"])
+        if r.get("placement"):
+            from .placement_section import markdown_lines as placement_lines
+
+            lines += placement_lines(r["placement"])
         if r.get("cuda_copy"):
             cc = r["cuda_copy"]
             lines += [f"torch's own host-to-device copy here: pinned {cc['pinned_gb_per_s']:.1f} GB/s, "

@@ -78,7 +78,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             if workload in SECTIONS:  # a section of its own, not a loader workload's rows
                 results[workload] = {"sampler": _sampler_workload, "distributed": _distributed_workload,
                                      "scaling": _scaling_workload, "e2e": _e2e_workload,
-                                     "shuffle": _shuffle_workload, "launch": _launch_workload}[workload](args, shm_root)
+                                     "shuffle": _shuffle_workload, "launch": _launch_workload,
+                                     "placement": _placement_workload}[workload](args, shm_root)
                 continue
             if workload == "small":  # 3x64x64 samples: the training process's share a batch (issue 60)
                 src = _dataset("raw", args.small_samples, SMALL_BYTES, args.cache_dir)
@@ -117,6 +118,19 @@ def _launch_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
     shutil.copytree(src, dst)
     try:
         return launch_workload(args, os.path.join(dst, "*.tar"), _run_json)
+    finally:
+        shutil.rmtree(dst)
+
+
+def _placement_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
+    """Issue 69: a launch-bound step beside the loader decoding JPEG at full tilt, placed or not."""
+    from .placement_section import placement_workload
+
+    src = _dataset("jpeg", args.jpeg_samples, parse_size(args.sample_size), args.cache_dir)
+    dst = os.path.join(shm_root, "placement")
+    shutil.copytree(src, dst, ignore=_PEER_DIRS)
+    try:
+        return placement_workload(args, os.path.join(dst, "*.tar"), _run_json)
     finally:
         shutil.rmtree(dst)
 

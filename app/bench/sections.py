@@ -7,7 +7,7 @@ from typing import Any
 
 from .report import targets
 
-SECTIONS = ("scaling", "sampler", "distributed", "e2e", "shuffle", "launch")  # a run's results beside its "workloads"
+SECTIONS = ("scaling", "sampler", "distributed", "e2e", "shuffle", "launch", "placement")  # a run's results beside its "workloads"
 
 
 def _sections(results: dict[str, Any]) -> dict[str, str]:

@@ -234,6 +234,10 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
         from .launch_section import launch_targets
 
         out += launch_targets(results["launch"])
+    if results.get("placement"):
+        from .placement_section import placement_targets
+
+        out += placement_targets(results["placement"])
     cc = results.get("cuda_copy")
     if cc and raw:
         row = raw["feedline (copy)"]

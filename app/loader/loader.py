@@ -31,6 +31,7 @@ from ..errors import SettingError
 from ..formats.decoders import Decoder
 from ..sink import StatsSink
 from .cost import CostSnapshot, TrainerCost
+from .cpus.placement import for_this_process
 from .device.device_decode import DeviceDecoder, compressed_spec, worker_decode
 from .device.gpu import CudaGpu, Gpu
 from .device.handoff import DirectCopy, DirectHandOff
@@ -55,7 +56,7 @@ from .settings import DEFAULT_MAX_MEMBER_BYTES, STANDIN, DeviceDecode, LoaderSet
 from .stats import LoaderStats, StatsRecorder
 from .tune.auto import AutoWorkers
 from .tune.autotune import AUTO
-from .tune.tuner import WorkerTuner
+from .tune.tuner import CpuMeter, WorkerTuner
 from .workers.launch import Launcher
 from .workers.pool import WorkerPool
 from .workers.probe import probe_spec, resolve_side_bytes
@@ -124,6 +125,8 @@ class StagingLoader:
         device_decode: DeviceDecode | Mapping[str, Any] | bool | None = None,
         max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
         worker_memory: int = 0,
+        cpu_placement: str = "auto",
+        trainer_cores: int | None = None,
         **unknown: Any,
     ):
         if unknown:
@@ -137,7 +140,7 @@ class StagingLoader:
             side_bytes=side_bytes, decompress_dir=decompress_dir, equal_batches=equal_batches,
             start_method=start_method, rank=rank, starvation_window=starvation_window, min_shards=min_shards,
             wait_timeout=wait_timeout, device_decode=device_decode, max_member_bytes=max_member_bytes,
-            worker_memory=worker_memory)
+            worker_memory=worker_memory, cpu_placement=cpu_placement, trainer_cores=trainer_cores)
         self.standin = s.device == STANDIN  # the device path on the CPU, against a stand-in (device/standin.py)
         self.device = torch.device("cpu" if self.standin else s.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -187,15 +190,19 @@ class StagingLoader:
 
         first = self.source.wait_for(s.min_shards, max(0.1, s.wait_timeout - waited))
         self.auto_workers = s.workers == AUTO
-        s, most = s.resolve_auto("cuda" if on_device else "cpu", int(getattr(transform, "threads_per_worker", 1)))
+        self.placement = for_this_process(s.cpu_placement, s.trainer_cores, self.device)  # cpus/placement.py
+        s, most = s.resolve_auto("cuda" if on_device else "cpu", int(getattr(transform, "threads_per_worker", 1)),
+                                 len(self.placement.worker_cpus) if self.placement.placed else None)
         self.settings, self.most_workers = s, most
-        tuner = WorkerTuner(int(s.workers), most) if self.auto_workers and most > s.workers else None
+        meter = CpuMeter(cpus=set(self.placement.worker_cpus)) if self.placement.placed else None  # workers' idle
+        tuner = WorkerTuner(int(s.workers), most, meter) if self.auto_workers and most > s.workers else None
         if not self.source.growing and len(first) < self.rank.world_size:  # more workers than shards is fine
             raise SettingError(
                 "shards", f"{len(first)} shard(s) for {self.rank.world_size} ranks: rank {self.rank.rank} would get "
                           f"none; run at most {len(first)} rank(s), or split the data into more shards")
         self._stats = StatsRecorder(s.starvation_window, sink)
-        self._stats.configured(int(s.transfer_threads) if on_device else 0)
+        self._stats.configured(int(s.transfer_threads) if on_device else 0,
+                               (len(self.placement.trainer), len(self.placement.worker_cpus)))
         self._cost = TrainerCost()  # what feedline spends in this process (cost.py)
         p = self._pipeline = Pipeline()
         self._finalizer = weakref.finalize(self, p.close)
@@ -220,10 +227,11 @@ class StagingLoader:
             setup = WorkerSetup(RingHandle.of(p.ring), s.shuffle_buffer if s.shuffle else 0, s.drop_last,
                                 logging.getLogger("feedline").getEffectiveLevel(), s.block)
             stats, slots = self._stats, s.slots
+            p.pin(self.placement.trainer)  # the training process's threads on its cores (its workers' are theirs)
             p.pool = WorkerPool(p.ring, p.launcher, setup.to_json(), s.workers, stats,
                                 ErrorBudget(s.max_sample_errors), in_order=s.in_order,
                                 worker_timeout=s.worker_timeout, stall_timeout=s.stall_timeout,
-                                worker_memory=s.worker_memory,
+                                worker_memory=s.worker_memory, cpus_of=self.placement.worker,
                                 on_tick=lambda: p.tick(stats, slots, self._cost), cost=self._cost)
             if s.device_decode is not None:  # rows it cannot decode count against the failure budget
                 p.decoder = DeviceDecoder(s.device_decode, self.device, s.seed, p.pool.samples_dropped)

@@ -4,12 +4,14 @@ Closing order matters: the hand-off first (wakes a blocked put), the
 transfer threads (joined, so none releases a slot into a closed pool), the
 pool (its dispatcher stops the workers), the batches the loop kept (moved
 out of the ring), the launcher's memfd, the rank coordinator's process
-group, the device buffers, the CUDA registration of the ring, the ring.
+group, the device buffers, the CUDA registration of the ring, the ring, and
+last the training process's CPU pins (its threads' masks given back).
 """
 
 from __future__ import annotations
 
 from .cost import TrainerCost
+from .cpus.pinning import ProcessPins
 from .device.device_decode import DeviceDecoder
 from .device.gpu import Gpu
 from .device.handoff import DirectHandOff
@@ -38,6 +40,11 @@ class Pipeline:
         self.gpu: Gpu | None = None  # a device: the ring is pinned to it until close
         self.slots: DeviceSlots | None = None  # h2d="slot": the device buffers, one a ring slot
         self.decoder: DeviceDecoder | None = None  # device_decode=: the batch stage's image decoder
+        self.pinned = False  # this loader holds the training process's CPU pins (cpus/pinning.py)
+
+    def pin(self, cpus: tuple[int, ...]) -> None:
+        """The training process's threads on ``cpus`` until ``close`` (nothing when empty: not placed)."""
+        self.pinned = ProcessPins.hold(cpus)
 
     def tick(self, stats: StatsRecorder, slots: int, cost: TrainerCost) -> None:
         """The dispatcher's, 4 times a second: slots of kept batches let go return (zero-copy: the next batches'
@@ -80,5 +87,8 @@ class Pipeline:
             self.gpu.unpin()  # once every copy from the ring has landed
         if self.ring is not None:
             self.ring.close()
+        if self.pinned:
+            self.pinned = False
+            ProcessPins.release()
         self.ring = self.pool = self.queue = self.transfer = self.kept = self.launcher = self.coordinator = None
         self.gpu = self.slots = None

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import SettingError
 from ..formats.bounds import DEFAULT_MAX_MEMBER_BYTES  # one member, stored or decoded (formats/bounds.py)
+from .cpus.placement import check_setting
 from .device.decode_settings import DeviceDecode
 from .plan.rank import Rank
 from .tune import autotune
@@ -107,6 +108,8 @@ class LoaderSettings:
     device_decode: DeviceDecode | None = None  # image fields decoded after the ring, where the batch lands
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES  # the most one member may take, stored or decoded (bounds)
     worker_memory: int = 0  # bytes of private resident memory a worker may hold before it is replaced (0: no ceiling)
+    cpu_placement: str = "auto"  # "auto", "off", or "trainer=0-1;workers=2-15" (cpus/placement.py)
+    trainer_cores: int | None = None  # cores the training process keeps ("auto" placement); None: 2 from 8 cores
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -182,6 +185,9 @@ class LoaderSettings:
                                                 f"{decode!r}")
         if decode is False:
             set_(self, "device_decode", None)
+        set_(self, "cpu_placement", check_setting(self.cpu_placement))
+        if self.trainer_cores is not None:
+            set_(self, "trainer_cores", _int("trainer_cores", self.trainer_cores, 1))
         for name in ("zero_copy", "in_order", "drop_last"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingError(name, f"must be True or False, got {getattr(self, name)!r}")
@@ -199,18 +205,21 @@ class LoaderSettings:
         assert isinstance(self.workers, int) and isinstance(self.transfer_threads, int), "resolve 'auto' first"
         return default_ring_slots(self.workers, self.transfer_threads, self.device_queue)
 
-    def resolve_auto(self, device_type: str, threads_per_worker: int = 1) -> tuple["LoaderSettings", int]:
+    def resolve_auto(self, device_type: str, threads_per_worker: int = 1,
+                     placed_cpus: int | None = None) -> tuple["LoaderSettings", int]:
         """(these settings with ``auto`` replaced by numbers, the most workers they may grow to): the choice is
         ``autotune.choose``'s, logged; the ring gets slots for the most. ``threads_per_worker``: the decode
-        threads each worker runs (a video transform's): workers x threads fit the rank's CPUs."""
+        threads each worker runs (a video transform's): workers x threads fit the rank's CPUs. ``placed_cpus``:
+        the CPUs placement gave the workers (None: not placed)."""
         if AUTO not in (self.workers, self.transfer_threads):
-            cpus = autotune.usable_cpus()[0] if threads_per_worker > 1 else 0
+            cpus = (placed_cpus or autotune.usable_cpus()[0]) if threads_per_worker > 1 else 0
             if threads_per_worker > 1 and int(self.workers) * threads_per_worker > cpus:
                 log.warning("workers=%s x %d decode threads a worker is more than the %d CPUs here: they will share "
                             "them (lower workers, or the transform's threads)", self.workers, threads_per_worker, cpus)
             return self, int(self.workers)
         choice = autotune.choose(device_type, max_workers=self.max_workers,
-                                 device_decode=self.device_decode is not None, threads_per_worker=threads_per_worker)
+                                 device_decode=self.device_decode is not None, threads_per_worker=threads_per_worker,
+                                 placed_cpus=placed_cpus)
         most = choice.most if self.workers == AUTO else int(self.workers)
         threads = choice.transfer_threads if self.transfer_threads == AUTO else int(self.transfer_threads)
         out = self.replace(workers=choice.workers if self.workers == AUTO else self.workers, max_workers=None,

@@ -242,9 +242,12 @@ class StatsRecorder:
         if cost.batches > batches0:
             sink.set("trainer_cpu_per_batch_seconds", (cost.cpu_total - cpu0) / (cost.batches - batches0))
 
-    def configured(self, transfer_threads: int) -> None:
-        """What the loader runs with, as set or as ``auto`` chose it (the workers show in their states)."""
+    def configured(self, transfer_threads: int, placed: tuple[int, int] = (0, 0)) -> None:
+        """What the loader runs with, as set or as ``auto`` chose it (the workers show in their states); ``placed``:
+        the CPUs placement gave the training process and the workers."""
         self._sink.set("transfer_threads", transfer_threads)
+        self._sink.set("placed_cpus", placed[0], side="trainer")
+        self._sink.set("placed_cpus", placed[1], side="workers")
 
     def set_epoch(self, epoch: int) -> None:
         with self._lock:

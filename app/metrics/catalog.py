@@ -44,6 +44,9 @@ LOADER: tuple[MetricDef, ...] = (
     MetricDef("workers", "gauge", "Decode worker processes, busy or idle.", "state", ("busy", "idle")),
     MetricDef("transfer_threads", "gauge", "Transfer threads in the trainer process, as set or as auto chose "
               "them (0 on a CPU host, which needs none)."),
+    MetricDef("placed_cpus", "gauge", "CPUs CPU placement gave each side of this rank: the training process "
+              "(its launching threads, on cores of their own) and its decode workers; 0 and 0 when nothing is "
+              "pinned (placement off, or not possible here).", "side", ("trainer", "workers")),
     MetricDef("kept_batches_copied_total", "counter", "Batches copied out of the ring because the training loop "
               "still held them (copy mode on a CPU host; a loop that keeps nothing copies nothing)."),
     MetricDef("samples_total", "counter", "Samples decoded into the batch ring."),

@@ -109,6 +109,9 @@ ROWS: list[tuple[str, list[Panel]]] = [
               "workers set, or what workers=auto chose), and the trainer's transfer threads.", "short",
               [Query(f"sum by (state) (feedline_workers{SEL})", "{{state}}"),
                Query(f"sum(feedline_transfer_threads{SEL})", "transfer threads")]),
+        Panel("CPUs placed", "The CPUs CPU placement gave the training processes (their launching threads, on "
+              "cores of their own) and their decode workers; 0 where nothing is pinned.", "short",
+              [Query(f"sum by (side) (feedline_placed_cpus{SEL})", "{{side}}")]),
         Panel("Worker restarts", "Worker processes replaced per second: crashed (the process died), stalled "
               "(no sample decoded for worker_timeout; its stack is in the trainer log) or memory (private "
               "resident memory over worker_memory).", "short",

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from ..workers.pool import WorkerPool
-from .tuner import WorkerTuner, decide
+from .tuner import WorkerTuner, decide, slowed
 
 log = logging.getLogger("feedline.loader")
 
@@ -54,18 +54,27 @@ class AutoWorkers:
             self._regrow(workers)
             t.workers = workers
             t.restarted()
-            if workers >= t.most:
+            if workers >= t.most and t.before is None:
                 self.stop("the most auto runs here")
                 return None
-            return now
+            return now  # (at the most, one window more: the step is compared with the one before the growth)
         t.sample_depth(self._pool.depths()["decoded"])  # as the loop asks for a batch
         wait, step = self._loop_times()
         window = t.window(now, wait, step, self._batches())
         if window is None:
             return now if t.settling else now + CHECK
+        if t.before is not None:  # the first window after a growth: did the loop's own step slow down?
+            back, t.before = slowed(t.before, t.workers, window), None
+            if back is not None:
+                log.info("workers=auto: %s", back.reason)
+                self._regrow(back.workers)  # the rest of the epoch over the count before (the others stay idle)
+                t.workers = back.workers
+                self.stop(None)
+                return None
         d = decide(t.workers, t.most, window)
         log.info("workers=auto: %s", d.reason)
         if d.workers > t.workers:
+            t.before = (t.workers, window.step_per_batch) if self._in_epoch else None
             t.growing_to, self._grow_by = d.workers, now + GROW_WAIT
             self._pool.grow(d.workers)
             if not self._in_epoch:  # a new split would change the agreed batch count, or the replay: next epoch

@@ -1,9 +1,10 @@
 """``workers="auto"`` and ``transfer_threads="auto"``: chosen from the host at start-up.
 
-The CPUs this process may use (its affinity, capped by a cgroup CPU quota: a container's
-``--cpus`` or a Kubernetes CPU limit), shared by the ranks torchrun started on this node; one of a
-rank's CPUs is left to the training loop, the rest may decode: that is the most workers ``auto``
-runs (``max_workers`` lowers it). It starts with half of them and grows during the first epoch
+Where CPU placement placed this rank (``cpus/placement.py``), the workers' CPUs are the most workers
+``auto`` runs. Else the CPUs this process may use (its affinity, capped by a cgroup CPU quota: a
+container's ``--cpus`` or a Kubernetes CPU limit), shared by the ranks torchrun started on this node;
+one of a rank's CPUs is left to the training loop, the rest may decode: that is the most workers
+``auto`` runs (``max_workers`` lowers it). It starts with half of them and grows during the first epoch
 while the loop waits and CPUs are idle (``tuner.py``). A rank with fewer shards than workers
 splits them between its workers (``plan.assign``). Transfer threads: none — ``next()`` issues a
 batch's one copy itself and copies ahead, so no other thread of the training process wakes a
@@ -55,15 +56,20 @@ class Choice:
 
 
 def choose(device_type: str, ranks_on_node: int | None = None, max_workers: int | None = None,
-           device_decode: bool = False, threads_per_worker: int = 1) -> Choice:
+           device_decode: bool = False, threads_per_worker: int = 1, placed_cpus: int | None = None) -> Choice:
     """Workers (to start with, and the most) and transfer threads for one rank; ``threads_per_worker``: decode
-    threads each worker runs (a video transform's), so that workers x threads fit the rank's CPUs."""
-    cpus, found = usable_cpus()
-    ranks = ranks_on_node or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    per_rank = max(1, cpus // max(1, ranks))
+    threads each worker runs (a video transform's), so that workers x threads fit the rank's CPUs.
+    ``placed_cpus``: the CPUs CPU placement gave this rank's workers (the training process keeps its own)."""
     threads = max(1, threads_per_worker)
-    most = max(1, (per_rank - 1) // threads)
-    why = [f"{found}", f"{ranks} rank(s) on this node: {per_rank} CPU(s) a rank, one left to the training loop"]
+    if placed_cpus is not None:
+        most = max(1, placed_cpus // threads)
+        why = [f"placed: {placed_cpus} CPU(s) for this rank's workers, the training process on cores of its own"]
+    else:
+        cpus, found = usable_cpus()
+        ranks = ranks_on_node or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        per_rank = max(1, cpus // max(1, ranks))
+        most = max(1, (per_rank - 1) // threads)
+        why = [f"{found}", f"{ranks} rank(s) on this node: {per_rank} CPU(s) a rank, one left to the training loop"]
     if threads > 1:
         why.append(f"{threads} decode threads a worker")
     if max_workers is not None:

@@ -5,8 +5,11 @@ The loader starts ``auto`` at half the workers the host allows (``autotune.choos
 loop's time spent waiting in ``next()`` (starvation), the decoded queue (batches ready but not yet
 taken), and the CPUs left idle. It grows the pool while the loop waits, the decoded queue is
 empty (the workers are late, not the order) and CPUs are idle, by what the wait says is missing;
-it stops once the loop no longer waits, the CPUs are busy, or the host's most is reached. Every
-decision is logged with its figures; the count shows in ``feedline_workers``.
+it stops once the loop no longer waits, the CPUs are busy, or the host's most is reached. After a
+growth it compares the loop's own step a batch (the time between ``next()`` calls) with the one
+before: a step ``SLOWER`` than before means the new workers took the loop's CPU, and the pool goes
+back to the count before (``slowed``). Every decision is logged with its figures; the count shows
+in ``feedline_workers``.
 
 The tuner only decides; the loader starts the new workers ahead and, once they are up, restarts
 the rest of the epoch over them (every remaining sample exactly once, as an elastic resume).
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from .autotune import cgroup_cpus
 
 INTERVAL = 2.0  # seconds of the loop's time a decision looks at
+SLOWER = 0.05  # a grown pool that makes the loop's step this much slower a batch goes back to what it was
 MIN_BATCHES = 8  # a window with fewer batches says too little: it is extended
 WAITING = 0.05  # the loop waits more than this share of its time: the data is late
 SETTLE = 2  # next() calls after a start or a restart before a window begins (they wait for new workers)
@@ -41,6 +45,10 @@ class Window:
     def starvation(self) -> float:
         total = self.wait + self.step
         return self.wait / total if total > 0 else 0.0
+
+    @property
+    def step_per_batch(self) -> float:
+        return self.step / self.batches if self.batches else 0.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,18 @@ def decide(workers: int, most: int, w: Window) -> Decision:
     need = math.ceil(workers * (w.wait + w.step) / w.step) if w.step > 0 else most
     target = min(most, workers + spare, max(workers + 1, need))
     return Decision(target, target >= most, f"growing to {target} workers: {figures}")
+
+
+def slowed(before: tuple[int, float], workers: int, w: Window) -> Decision | None:
+    """After a growth: back to the count ``before`` (workers, the step a batch then) when the loop's own step got
+    ``SLOWER`` a batch with the new workers; more workers than the step needs take its thread's CPU (on a GPU,
+    the launching thread's), which starvation cannot show. None: the growth stands."""
+    was, step = before
+    if step <= 0 or w.batches == 0 or w.step_per_batch <= step * (1 + SLOWER):
+        return None
+    return Decision(was, True, f"back to {was} workers: the loop's step took {w.step_per_batch * 1e3:.2f} ms a "
+                               f"batch with {workers}, {w.step_per_batch / step - 1:.0%} more than the "
+                               f"{step * 1e3:.2f} ms with {was} (their decoding took the loop's CPU)")
 
 
 class CpuMeter:
@@ -130,6 +150,7 @@ class WorkerTuner:
         self.workers = workers
         self.most = most
         self.growing_to: int | None = None  # workers started ahead, not yet given the epoch
+        self.before: tuple[int, float] | None = None  # the count and step a batch before the last growth
         self._meter = meter or CpuMeter()
         self._settle = SETTLE
         self._begun: tuple[float, float, float, int] | None = None  # (time, wait, step, batches) at the start

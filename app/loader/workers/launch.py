@@ -16,6 +16,7 @@ is refused before any worker starts, with the change to make named.
 from __future__ import annotations
 
 import ast
+import contextlib
 import faulthandler
 import io
 import json
@@ -228,6 +229,10 @@ def child(header: dict[str, Any]) -> None:
     """The worker's entry point: import the script if needed, load the user's code, serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     _die_with_parent(header["trainer"])
+    if header.get("cpus"):  # its CPUs (the trainer set them too, as it spawned): every thread it starts stays there
+        from ..cpus.pinning import pin_self
+
+        pin_self(header["cpus"])
     from .heap import reuse_large_buffers
 
     reuse_large_buffers()
@@ -308,9 +313,10 @@ class Launcher:
         return pickle.loads(self.payload)
 
     def start(self, worker_id: int, setup: dict[str, Any], shared_fds: list[int],
-              shard_fds: dict[str, int] | None = None) -> tuple[WorkerProcess, Any, int]:
+              shard_fds: dict[str, int] | None = None, cpus: tuple[int, ...] = ()) -> tuple[WorkerProcess, Any, int]:
         """(the process, the trainer's end of its pipe, the read end of its stack pipe); ``shard_fds`` are the
-        epoch's shards the trainer holds (``held.py``), inherited at their numbers."""
+        epoch's shards the trainer holds (``held.py``), inherited at their numbers; ``cpus``: where it runs (CPU
+        placement; it would otherwise start on the training process's CPUs, whose mask it inherits)."""
         from multiprocessing.connection import Pipe
 
         parent, child_end = Pipe(duplex=True)
@@ -318,7 +324,7 @@ class Launcher:
         os.set_blocking(stack_r, False)
         header = {"worker_id": worker_id, "conn": child_end.fileno(), "stack": stack_w, "code_fd": self._fd,
                   "code_size": len(self.payload), "setup": setup, "trainer": os.getpid(), "shared": shared_fds,
-                  "shard_fds": dict(shard_fds or {}),
+                  "shard_fds": dict(shard_fds or {}), "cpus": list(cpus),
                   "main_path": self.script.path if self.script else None,
                   "main_module": self.script.module if self.script else None}
         entry = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
@@ -327,6 +333,9 @@ class Launcher:
                 json.dumps(header)]
         try:
             pid = spawn(argv, [child_end.fileno(), stack_w, self._fd, *shared_fds, *(shard_fds or {}).values()])
+            if cpus:  # at once: the interpreter's start and imports already run there
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(pid, cpus)
         except BaseException:
             parent.close()
             os.close(stack_r)

@@ -57,7 +57,8 @@ class WorkerPool(Dispatcher):
     def __init__(self, ring: BatchRing, launcher: Launcher, setup: dict[str, Any], workers: int,
                  stats: StatsRecorder, error_budget: ErrorBudget, *, in_order: bool = True,
                  worker_timeout: float = 0.0, stall_timeout: float = 120.0, worker_memory: int = 0,
-                 on_tick: Callable[[], None] | None = None, cost: TrainerCost | None = None):
+                 on_tick: Callable[[], None] | None = None, cost: TrainerCost | None = None,
+                 cpus_of: Callable[[int], tuple[int, ...]] | None = None):
         self._stats = stats
         self.cost = cost if cost is not None else TrainerCost()
         self._waiters = Waiters(self.cost)
@@ -68,7 +69,7 @@ class WorkerPool(Dispatcher):
         self._scheduler = Scheduler(ring.slots, workers, in_order)
         self._beat = Heartbeat("the loader's dispatcher thread")
         self._supervisor = Supervisor(ring, launcher, setup, workers, worker_timeout, stats.worker_restarted,
-                                      self._beat, worker_memory)
+                                      self._beat, worker_memory, cpus_of)
         self._waiting: dict[int, list[float]] = {}  # consumer thread -> [waiting since, last asked]
         self._dispatcher_stuck = False
         self._locked = BoundedLock(self._cv, stall_timeout, self.check_dispatcher)  # a consumer's: bounded

@@ -46,8 +46,9 @@ class Supervisor:
 
     def __init__(self, ring: BatchRing, launcher: Launcher, setup: dict[str, Any], workers: int,
                  worker_timeout: float, on_restart: Callable[[str], None], beat: Heartbeat | None = None,
-                 worker_memory: int = 0):
+                 worker_memory: int = 0, cpus_of: Callable[[int], tuple[int, ...]] | None = None):
         self._ring = ring
+        self._cpus_of = cpus_of  # worker k's CPUs (CPU placement), or None: where the kernel puts it
         self._beat = beat or Heartbeat("the supervisor")  # says what the dispatcher does when it may block
         self.last_progress = time.monotonic()  # a message from a worker, or a change in the status table
         self._launcher = launcher
@@ -281,7 +282,8 @@ class Supervisor:
     def _spawn(self, p: Place) -> None:
         self._ring.status[p.index] = (-1, -1, -1, -1)
         self._beat.beat(f"starting worker {p.index}")
-        proc, conn, stack_r = self._launcher.start(p.index, self._setup, [self._ring.memory.fd], self.held.fds)
+        proc, conn, stack_r = self._launcher.start(p.index, self._setup, [self._ring.memory.fd], self.held.fds,
+                                                   self._cpus_of(p.index) if self._cpus_of is not None else ())
         self._beat.beat()
         p.process, p.conn, p.stack_r = proc, conn, stack_r
         p.sock = socket.socket(fileno=os.dup(conn.fileno()))

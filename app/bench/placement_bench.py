@@ -1,0 +1,104 @@
+"""The CPU stand-in of a GPU host's launch-bound step beside a loader decoding at full tilt, placed or not:
+``python -m feedline.bench.placement_bench ROW ...`` (one process a row; ``placement_section.py`` runs them).
+
+The step is ``launch.py``'s: a chain of tiny torch operations on one thread, about 8 ms, what a small model's
+kernel launches are on a GPU. ``alone`` times it with no loader in the process. ``beside`` times it between
+batches of a loader that decodes JPEG photos and crops them (RandomResizedCrop 224) as fast as its workers can:
+the step is bound by its one thread, so whatever takes that thread's core (a worker scheduled there, a cache
+it shares) slows it by the share it takes, and the step time says so, whatever the data wait. Only the step
+is timed; the loop waits for no batch it does not need (the batch is taken, then the step runs on a fixed
+input, so the step does the same work in every row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from .launch import calibrate, make_step
+
+IMAGE = 224
+
+
+def _loader(args: argparse.Namespace) -> Any:
+    from ..api.staging_loader import StagingLoader
+    from ..formats.transforms import RandomResizedCrop
+
+    workers: int | str = "auto" if args.workers == "auto" else int(args.workers)
+    return StagingLoader(sorted(glob.glob(args.shards)), batch_size=args.batch_size, workers=workers,
+                         spec={"jpg": ("uint8", (IMAGE, IMAGE, 3)), "cls": "int64"}, zero_copy=True, drop_last=True,
+                         transform=RandomResizedCrop(IMAGE, fields=["jpg"]), cpu_placement=args.cpu_placement)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(1)  # the step's ops on one thread, as a launching thread issues them
+    step = make_step(args.ops, torch.device("cpu"))
+    x = torch.rand(args.batch_size, 64)
+    loader = _loader(args) if args.row == "beside" else None
+
+    def endless() -> Any:
+        while True:
+            yield from loader
+
+    batches = endless() if loader is not None else None
+    waited = 0.0
+    try:
+        for _ in range(args.warmup_steps):
+            if batches is not None:
+                next(batches)
+            step(x)
+        times: list[float] = []
+        t_end = time.perf_counter() + args.seconds
+        while time.perf_counter() < t_end:
+            if batches is not None:
+                w0 = time.perf_counter()
+                next(batches)
+                waited += time.perf_counter() - w0
+            t0 = time.perf_counter()
+            step(x)
+            times.append(time.perf_counter() - t0)
+        step_ms = statistics.median(times) * 1e3
+        out: dict[str, Any] = {"row": args.row, "ops": args.ops, "steps": len(times), "step_ms": step_ms,
+                               "samples_per_s": args.batch_size * 1e3 / step_ms,  # what the step alone runs at
+                               "wait_share": waited / (waited + sum(times)) if times else 0.0}
+        if loader is not None:
+            out["workers"] = loader.workers
+            out["placement"] = loader.placement.describe()
+            out["trainer_cpus"] = list(loader.placement.trainer)
+            out["process_cpus"] = sorted(os.sched_getaffinity(0))
+        return out
+    finally:
+        if loader is not None:
+            loader.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("row", choices=("alone", "beside", "calibrate"))
+    p.add_argument("--shards", default="")
+    p.add_argument("--ops", type=int, default=0, help="the step's operations (0: calibrate to about 8 ms first)")
+    p.add_argument("--workers", default="auto")
+    p.add_argument("--cpu-placement", default="auto")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--warmup-steps", type=int, default=20)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.row == "calibrate" or not args.ops:
+        args.ops = calibrate(torch.device("cpu"), args.batch_size)
+        if args.row == "calibrate":
+            print(json.dumps({"ops": args.ops}), flush=True)
+            return
+    print(json.dumps(run(args)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
