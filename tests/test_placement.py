@@ -100,20 +100,24 @@ def test_a_cpuset_of_six_counts_six(tmp_path):
     assert p.trainer == (10,) and p.worker_cpus == (11, 12, 13, 14, 15) and p.cpus_for_workers(6) == 5
 
 
-def test_a_quota_of_two_and_a_half_cpus_keeps_three_cores_busy_at_most(tmp_path):
+def test_a_quota_of_two_and_a_half_cpus_over_sixteen_pins_nothing_and_says_why(tmp_path):
+    """docker --cpus, a Kubernetes limit without a cpuset: other containers run on these CPUs too."""
     p = placed(fake_host(tmp_path, 16, cpu_max="250000 100000"))
     assert Host.read(str(tmp_path)).quota == 2.5
-    assert p.trainer == (0,) and p.worker_cores == ((1,), (2,))
-    assert "a quota of 2.5 CPUs" in p.describe()
+    assert not p.placed and "a CPU quota of 2.5 CPUs over the 16" in p.why_not and p.worker(0) == ()
+    assert p.cpus_for_workers(2) == 2  # workers="auto" counts as it does unplaced (the quota, less one)
+
+
+def test_a_cpuset_of_its_own_with_a_quota_as_large_places(tmp_path):
+    p = placed(fake_host(tmp_path, 64, allowed="8-15", cpuset="8-15", cpu_max="800000 100000"))
+    assert p.trainer == (8, 9) and p.worker_cpus == tuple(range(10, 16))  # 8 cores: 2 kept
 
 
 def test_a_cgroup_v1_quota_is_read_as_well(tmp_path):
     assert Host.read(fake_host(tmp_path, 8, v1_quota=(400000, 100000), cgroup="/kubepods/pod1")).quota == 4
 
 
-def test_a_quota_under_two_cpus_or_one_core_places_nothing_and_says_why(tmp_path):
-    p = placed(fake_host(tmp_path / "q", 16, cpu_max="150000 100000"))
-    assert not p.placed and "quota of 1.5" in p.why_not and p.worker(0) == ()
+def test_one_core_places_nothing_and_says_why(tmp_path):
     one = placed(fake_host(tmp_path / "one", 1))
     assert not one.placed and "1 CPU" in one.describe() and one.cpus_for_workers(1) == 1
 
@@ -175,7 +179,10 @@ def masks():
 stop = threading.Event()
 early = threading.Thread(target=stop.wait); early.start()
 before = masks()
-assert ProcessPins.hold((0,)) and ProcessPins.hold((0,))  # two loaders in one process
+from feedline.loader.cpus.pinning import claim
+from feedline.loader.cpus.placement import Placement
+plan = Placement((0,), ((1,),), claims=tuple(claim((0,))))
+assert ProcessPins.hold(plan) and ProcessPins.hold(Placement((0,), ((1,),)))  # two loaders in one process
 late = threading.Thread(target=stop.wait); late.start()  # started while pinned: inherits the pin
 pinned = masks()
 ProcessPins.release()
@@ -218,7 +225,7 @@ sys.path.insert(0, {tests!r})
 from test_placement import masks_of
 
 with StagingLoader({shards!r}, batch_size=4, workers={workers!r}, spec={{"cls": "int64"}},
-                   cpu_placement={setting!r}) as loader:
+                   cpu_placement={setting!r}, device="standin") as loader:  # a device's loader: auto places it
     it = iter(loader)
     next(it)
     kids = [int(p) for p in subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
@@ -252,6 +259,7 @@ def _result(proc, tag="RESULT"):
     raise AssertionError(proc.stderr.read()[-3000:])
 
 
+@pytest.mark.serial  # placed loaders of other tests claim the CPUs it would take
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_a_real_run_pins_the_training_process_and_its_workers_apart_and_gives_the_masks_back(tmp_path):
     from helpers import id_shards
@@ -270,8 +278,9 @@ def test_a_real_run_pins_the_training_process_and_its_workers_apart_and_gives_th
     assert got["after"] == [format_cpus(cpus)]  # the masks given back when the loader closed
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
-def test_a_second_process_finding_the_cpus_taken_is_not_placed_and_says_so(tmp_path):
+def test_a_second_process_places_itself_on_what_the_first_left_or_nowhere_and_says_so(tmp_path):
     from helpers import id_shards
 
     shards = id_shards(str(tmp_path / "ids"), shards=4, per_shard=16)
@@ -282,7 +291,8 @@ def test_a_second_process_finding_the_cpus_taken_is_not_placed_and_says_so(tmp_p
         second = _run(tmp_path, shards)
         got = _result(second)
         second.wait(timeout=60)
-        assert not got["placed"] and "another process's training process's" in got["describe"]
+        # 2 CPUs: the one left is not enough to place on (on a larger host it would place itself there)
+        assert not got["placed"] and "the training processes' of other processes" in got["describe"], got
         assert got["trainer"] == [format_cpus(sorted(os.sched_getaffinity(0)))]  # left where it was
     finally:
         first.stdin.write("\n")
@@ -296,3 +306,80 @@ def test_workers_auto_counts_only_the_cpus_left_to_the_workers():
     placed = choose("cuda", placed_cpus=12)  # 16 vCPUs, 2 cores (4 vCPUs) kept for the training process
     assert placed.most == 12 and "placed: 12 CPU(s)" in placed.reason and "one left" not in placed.reason
     assert choose("cuda", placed_cpus=12, threads_per_worker=3).most == 4  # workers x decode threads fit
+
+
+def test_a_loader_whose_batches_stay_on_the_cpu_is_left_where_it_is():
+    from feedline.loader.cpus.placement import for_this_process
+
+    p = for_this_process("auto", None, on_device=False)
+    assert not p.placed and "the batches stay on the CPU" in p.why_not
+
+
+def test_a_cpu_another_process_claimed_is_seen_taken_and_free_again_once_it_ends():
+    import subprocess
+    import sys
+
+    from feedline.loader.cpus.pinning import claim, taken_elsewhere
+
+    holder = subprocess.Popen([sys.executable, "-c", "import socket, sys; s = socket.socket(socket.AF_UNIX); "
+                               "s.bind('\\0feedline-cpu-0'); print('up', flush=True); sys.stdin.readline()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "up"
+        assert taken_elsewhere((0, 1)) == {0} and claim((0,)) is None
+    finally:
+        holder.communicate("\n", timeout=10)
+    mine = claim((0,))
+    assert mine is not None and len(mine) == 1
+    mine[0].close()
+
+
+TWO_LOADERS = """
+import json, os, subprocess, sys
+from feedline import StagingLoader
+sys.path.insert(0, {tests!r})
+from test_placement import masks_of
+
+with StagingLoader({shards!r}, batch_size=4, workers=1, spec={{"cls": "int64"}}, device="standin") as train:
+    next(iter(train))
+    with StagingLoader({shards!r}, batch_size=4, workers=1, spec={{"cls": "int64"}}) as val:  # a CPU one, after
+        next(iter(val))
+        kids = [int(p) for p in subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
+                                                text=True).stdout.split()]
+        print("RESULT " + json.dumps({{"same": val.placement is train.placement, "trainer": list(train.placement.trainer),
+                                       "workers": [sorted(masks_of(k)) for k in kids]}}), flush=True)
+"""
+
+
+@pytest.mark.serial
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_a_second_loader_in_the_process_shares_the_first_ones_plan_and_keeps_off_its_launching_cores(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import ROOT, id_shards
+
+    shards = id_shards(str(tmp_path / "ids"), shards=4, per_shard=16)
+    code = TWO_LOADERS.format(tests=os.path.dirname(__file__), shards=shards)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    got = next((line for line in out.stdout.splitlines() if line.startswith("RESULT ")), None)
+    assert got is not None, out.stderr[-3000:]
+    import json
+
+    got = json.loads(got.split(" ", 1)[1])
+    assert got["same"] and got["trainer"]
+    workers = {c for w in got["workers"] for mask in w for c in parse_cpus(mask)}
+    assert len(got["workers"]) == 2 and not workers & set(got["trainer"])  # neither loader's on the launching core
+
+
+def test_a_bad_placement_setting_is_refused_at_start_naming_the_setting_and_its_value_once():
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    out = subprocess.run([sys.executable, "-m", "feedline", "doctor"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "FEEDLINE_CPU_PLACEMENT": "trainer=0-1"}, timeout=60)
+    said = out.stdout + out.stderr
+    assert out.returncode == 2 and "FEEDLINE_CPU_PLACEMENT" in said, said
+    assert said.count("'trainer=0-1'") == 1 and "name both sides" in said, said

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..loader.cpus.placement import parse_setting
 from ..loader.plan.rank import Rank
 from ..loader.settings import MIN_WORKER_MEMORY, SHUFFLES, LoaderSettings
 from ..cache.mix import wait_for_layout
@@ -97,7 +98,7 @@ class Config:
                                     "(0: no ceiling)", "loader", parse=parse_size, minimum=0)
     cpu_placement: str = setting("auto", "where the training process and its workers run: auto (cores of its own "
                                          "for the training process, the rest for the workers, one a core), off, or "
-                                         "CPU lists as trainer=0-1;workers=2-15", "loader")
+                                         "CPU lists as trainer=0-1;workers=2-15", "loader", parse=parse_setting)
     trainer_cores: int = setting(0, "with cpu_placement=auto, the cores the training process keeps (0: 2 where "
                                     "a rank has 8 cores or more, else 1)", "loader", minimum=0)
     stall_timeout: float = setting(120.0, "seconds any stage of the loader's hand-off (the dispatcher thread, a "

@@ -32,7 +32,9 @@ def _check_placement(cfg: Config) -> Check:
     from ..loader.cpus.placement import for_this_process
 
     try:
-        placed = for_this_process(cfg.cpu_placement, cfg.trainer_cores or None)
+        placed = for_this_process(cfg.cpu_placement, cfg.trainer_cores or None, cfg.resolved_device() != "cpu")
+        for c in placed.claims:  # a look, not a run: nothing stays claimed
+            c.close()
     except SettingError as exc:
         return Check("CPU placement", False, exc.message, "set cpu_placement (FEEDLINE_CPU_PLACEMENT / "
                                                           "--cpu-placement) to auto, off, or trainer=...;workers=...")

@@ -354,9 +354,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--against-draft", action="store_true",
                    help="single-core: the crop decoder and Pillow's draft decode in turns, both rates")
     p.add_argument("--device-decode", action="store_true", help="feedline, jpeg: decode where the batch lands")
-    p.add_argument("--cpu-placement", default="off",
-                   help="feedline: off (default here: a throughput row's loop does nothing, and the peers are not "
-                        "placed either), auto, or trainer=...;workers=... (the placement section measures it)")
+    p.add_argument("--cpu-placement", default="auto",
+                   help="feedline: auto (the default: a loader whose batches stay on the CPU is not placed; the "
+                        "stand-in and CUDA device paths are), off, or trainer=...;workers=...")
     p.add_argument("--video-swscale", action="store_true",
                    help="dataloader, video: each frame scaled and converted in one swscale pass (SwscaleClip)")
     p.add_argument("--cache", default="", help="feedline: read a sampler's cache instead of --shards")

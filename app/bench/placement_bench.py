@@ -3,7 +3,8 @@
 
 The step is ``launch.py``'s: a chain of tiny torch operations on one thread, about 8 ms, what a small model's
 kernel launches are on a GPU. ``alone`` times it with no loader in the process. ``beside`` times it between
-batches of a loader that decodes JPEG photos and crops them (RandomResizedCrop 224) as fast as its workers can:
+batches of a loader that decodes JPEG photos and crops them (RandomResizedCrop 224) as fast as its workers can,
+feeding the stand-in device (the CUDA path's code on this CPU: a GPU host's loader, which auto places):
 the step is bound by its one thread, so whatever takes that thread's core (a worker scheduled there, a cache
 it shares) slows it by the share it takes, and the step time says so, whatever the data wait. Only the step
 is timed; the loop waits for no batch it does not need (the batch is taken, then the step runs on a fixed
@@ -34,8 +35,9 @@ def _loader(args: argparse.Namespace) -> Any:
 
     workers: int | str = "auto" if args.workers == "auto" else int(args.workers)
     return StagingLoader(sorted(glob.glob(args.shards)), batch_size=args.batch_size, workers=workers,
-                         spec={"jpg": ("uint8", (IMAGE, IMAGE, 3)), "cls": "int64"}, zero_copy=True, drop_last=True,
-                         transform=RandomResizedCrop(IMAGE, fields=["jpg"]), cpu_placement=args.cpu_placement)
+                         spec={"jpg": ("uint8", (IMAGE, IMAGE, 3)), "cls": "int64"}, drop_last=True,
+                         transform=RandomResizedCrop(IMAGE, fields=["jpg"]), cpu_placement=args.cpu_placement,
+                         device="standin")  # a GPU host's loader, on this CPU: what auto places
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

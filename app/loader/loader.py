@@ -31,6 +31,7 @@ from ..errors import SettingError
 from ..formats.decoders import Decoder
 from ..sink import StatsSink
 from .cost import CostSnapshot, TrainerCost
+from .cpus.pinning import ProcessPins
 from .cpus.placement import for_this_process
 from .device.device_decode import DeviceDecoder, compressed_spec, worker_decode
 from .device.gpu import CudaGpu, Gpu
@@ -190,7 +191,8 @@ class StagingLoader:
 
         first = self.source.wait_for(s.min_shards, max(0.1, s.wait_timeout - waited))
         self.auto_workers = s.workers == AUTO
-        self.placement = for_this_process(s.cpu_placement, s.trainer_cores, self.device)  # cpus/placement.py
+        self.placement = for_this_process(s.cpu_placement, s.trainer_cores, on_device,  # cpus/placement.py
+                                          self.device.index if self.device.type == "cuda" else None)
         s, most = s.resolve_auto("cuda" if on_device else "cpu", int(getattr(transform, "threads_per_worker", 1)),
                                  len(self.placement.worker_cpus) if self.placement.placed else None)
         self.settings, self.most_workers = s, most
@@ -227,11 +229,11 @@ class StagingLoader:
             setup = WorkerSetup(RingHandle.of(p.ring), s.shuffle_buffer if s.shuffle else 0, s.drop_last,
                                 logging.getLogger("feedline").getEffectiveLevel(), s.block)
             stats, slots = self._stats, s.slots
-            p.pin(self.placement.trainer)  # the training process's threads on its cores (its workers' are theirs)
+            p.pin(self.placement)  # the training process's threads on its cores (its workers' are theirs)
             p.pool = WorkerPool(p.ring, p.launcher, setup.to_json(), s.workers, stats,
                                 ErrorBudget(s.max_sample_errors), in_order=s.in_order,
                                 worker_timeout=s.worker_timeout, stall_timeout=s.stall_timeout,
-                                worker_memory=s.worker_memory, cpus_of=self.placement.worker,
+                                worker_memory=s.worker_memory, cpus_of=self._worker_cpus,
                                 on_tick=lambda: p.tick(stats, slots, self._cost), cost=self._cost)
             if s.device_decode is not None:  # rows it cannot decode count against the failure budget
                 p.decoder = DeviceDecoder(s.device_decode, self.device, s.seed, p.pool.samples_dropped)
@@ -371,6 +373,11 @@ class StagingLoader:
         p.pool.start_epoch(plan, first, delivered, run, restart)
 
     # -- workers="auto" during the first epoch (tuner.py) ----------------------------------------
+
+    def _worker_cpus(self, k: int) -> tuple[int, ...]:
+        """Worker ``k``'s CPUs: its place in the plan; unplaced in a pinned process (another loader's plan), the
+        process's mask before the pin, not the launching cores it would inherit."""
+        return self.placement.worker(k) or ProcessPins.unpinned()
 
     def _regrow(self, workers: int) -> None:
         """The rest of this epoch over ``workers`` workers (``auto.py``), replanned as an elastic resume replans."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .cost import TrainerCost
 from .cpus.pinning import ProcessPins
+from .cpus.placement import Placement
 from .device.device_decode import DeviceDecoder
 from .device.gpu import Gpu
 from .device.handoff import DirectHandOff
@@ -42,9 +43,9 @@ class Pipeline:
         self.decoder: DeviceDecoder | None = None  # device_decode=: the batch stage's image decoder
         self.pinned = False  # this loader holds the training process's CPU pins (cpus/pinning.py)
 
-    def pin(self, cpus: tuple[int, ...]) -> None:
-        """The training process's threads on ``cpus`` until ``close`` (nothing when empty: not placed)."""
-        self.pinned = ProcessPins.hold(cpus)
+    def pin(self, placement: Placement) -> None:
+        """The training process's threads on the plan's CPUs until ``close`` (nothing when it is not placed)."""
+        self.pinned = ProcessPins.hold(placement)
 
     def tick(self, stats: StatsRecorder, slots: int, cost: TrainerCost) -> None:
         """The dispatcher's, 4 times a second: slots of kept batches let go return (zero-copy: the next batches'
@@ -69,6 +70,14 @@ class Pipeline:
         return depth, capacity, workers
 
     def close(self) -> None:
+        try:
+            self._close()
+        finally:  # whatever failed: the user's process gets its CPUs back
+            if self.pinned:
+                self.pinned = False
+                ProcessPins.release()
+
+    def _close(self) -> None:
         if self.queue is not None:
             self.queue.close()
         if self.transfer is not None:
@@ -87,8 +96,5 @@ class Pipeline:
             self.gpu.unpin()  # once every copy from the ring has landed
         if self.ring is not None:
             self.ring.close()
-        if self.pinned:
-            self.pinned = False
-            ProcessPins.release()
         self.ring = self.pool = self.queue = self.transfer = self.kept = self.launcher = self.coordinator = None
         self.gpu = self.slots = None

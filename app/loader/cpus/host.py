@@ -66,12 +66,18 @@ class Host:
         return self.nodes.get(core[0], 0)
 
     @classmethod
-    def read(cls, root: str = "/") -> "Host":
+    def read(cls, root: str = "/", allowed: set[int] | None = None) -> "Host":
         """The host under ``root``; a file that is missing leaves its part at the plain default (one core a CPU,
-        one node, no quota)."""
-        allowed = _allowed(root)
-        cpuset = _cpuset(root) or allowed
-        return cls(allowed, cpuset, _cores(root, allowed), _nodes(root), _quota(root))
+        one node, no quota). ``allowed``: the CPUs to take as this process's (its mask before it was pinned)."""
+        mine = tuple(sorted(allowed)) if allowed else _allowed(root)
+        cpuset = _cpuset(root) or mine
+        return cls(mine, cpuset, _cores(root, mine), _nodes(root), _quota(root))
+
+    def without(self, cpus: set[int]) -> "Host":
+        """This host less ``cpus`` (and the cores they are on: a core is its hyperthreads' together)."""
+        cores = tuple(core for core in self.cores if not set(core) & cpus)
+        allowed = tuple(sorted(c for core in cores for c in core))
+        return Host(allowed, self.cpuset, cores, self.nodes, self.quota)
 
 
 def _read(path: str) -> str | None:
@@ -141,7 +147,7 @@ def _quota(root: str) -> float | None:
             if text and not text.startswith("max"):
                 quota, _, period = text.partition(" ")
                 limits.append(int(quota) / int(period or 100000))
-    for controller in ("cpu", "cpu,cpuacct", "cpuacct"):
+    for controller in ("cpu", "cpuacct"):  # (/proc/self/cgroup's "cpu,cpuacct" line gives both)
         if controller not in groups:
             continue
         for mount in (os.path.join(base, "cpu,cpuacct"), os.path.join(base, "cpu")):
@@ -173,11 +179,17 @@ def _nodes(root: str) -> dict[int, int]:
     return out
 
 
-def gpu_node(root: str = "/", address: str | None = None) -> int | None:
-    """The NUMA node of the GPU at PCI ``address`` (``0000:3b:00.0``), or of CUDA's current device; None where
-    unknown (no CUDA, one node, a kernel that says -1)."""
+def cpu_quota(root: str = "/") -> float | None:
+    """The cgroup's CPU quota in CPUs (v2 ``cpu.max`` or v1 ``cfs_quota_us``, the smallest on the way to the
+    root), or None."""
+    return _quota(root)
+
+
+def gpu_node(root: str = "/", address: str | None = None, index: int | None = None) -> int | None:
+    """The NUMA node of the GPU at PCI ``address`` (``0000:3b:00.0``), or of CUDA device ``index`` (the current
+    one by default); None where unknown (no CUDA, one node, a kernel that says -1)."""
     if address is None:
-        address = cuda_address()
+        address = cuda_address(index)
     if address is None:
         return None
     text = _read(os.path.join(root, "sys/bus/pci/devices", address.lower(), "numa_node"))
@@ -188,14 +200,15 @@ def gpu_node(root: str = "/", address: str | None = None) -> int | None:
     return node if node >= 0 else None
 
 
-def cuda_address() -> str | None:
-    """The PCI address of CUDA's current device (``0000:3b:00.0``), where torch knows it."""
+def cuda_address(index: int | None = None) -> str | None:
+    """The PCI address of CUDA device ``index`` (the current one by default: ``0000:3b:00.0``), where torch
+    knows it."""
     import sys
 
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available():
         return None
-    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    p = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
     bus, device, domain = (getattr(p, a, None) for a in ("pci_bus_id", "pci_device_id", "pci_domain_id"))
     if bus is None or device is None:
         return None

@@ -1,14 +1,17 @@
 """Pinning: the training process's threads on its CPUs while a loader runs, and given back after.
 
-Another process on the host may have placed itself there first (a second training job, a test runner's other
-worker): a training process's CPUs are claimed host-wide, one abstract Unix socket name a CPU (``\0feedline-cpu-
-N``: gone with the process, nothing on disk), and a plan whose CPUs another process claims is not pinned.
+A training process claims its CPUs, one abstract Unix socket name a CPU (``\\0feedline-cpu-N``: gone with the
+process, nothing on disk), so that another one on the host places itself elsewhere (a second training job, a
+rank whose NUMA slice another took). The names live in a network namespace: containers with a network of their
+own do not see each other's (they have cpusets of their own, or share CPUs under a quota, where nothing is
+pinned: ``placement.py``).
 
 ``sched_setaffinity`` moves one thread; a process's threads are each moved (``/proc/self/task``), and the
 threads started later inherit the mask of the thread that starts them. The process is the user's: the masks
 its threads had are given back when the last loader that pinned them closes (a thread started meanwhile gets
-the process's first mask). A worker process pins itself, first thing, to the CPUs its header names
-(``launch.py``), so every thread it starts (FFmpeg's, a transform's) stays there.
+the process's first mask), and every loader of the process shares the first one's plan. A worker process is
+pinned by the trainer as it starts and pins itself, first thing, to the CPUs its header names (``launch.py``),
+so every thread it starts (FFmpeg's, a transform's) stays there.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 import os
 import socket
 import threading
+from typing import Any
 
 log = logging.getLogger("feedline.loader")
 
@@ -36,13 +40,20 @@ def _set(tid: int, cpus: set[int] | tuple[int, ...]) -> bool:
         return False
 
 
-def _claim(cpus: tuple[int, ...]) -> list[socket.socket] | None:
-    """The host-wide claims of ``cpus`` (one bound socket a CPU), or None when another process holds one."""
+def _name(cpu: int) -> str:
+    return f"\0feedline-cpu-{cpu}"
+
+
+def claim(cpus: tuple[int, ...]) -> list[socket.socket] | None:
+    """This process's claims of ``cpus`` (a bound socket a CPU, held open), or None when another process holds one
+    of them; CPUs this process holds already need none."""
     held: list[socket.socket] = []
     for cpu in cpus:
+        if cpu in ProcessPins.cpus():
+            continue
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            s.bind(f"\0feedline-cpu-{cpu}")
+            s.bind(_name(cpu))
         except OSError:
             s.close()
             for h in held:
@@ -52,8 +63,26 @@ def _claim(cpus: tuple[int, ...]) -> list[socket.socket] | None:
     return held
 
 
+def taken_elsewhere(cpus: tuple[int, ...]) -> set[int]:
+    """The CPUs of ``cpus`` another process's training process holds."""
+    mine = set(ProcessPins.cpus())
+    taken = set()
+    for cpu in cpus:
+        if cpu in mine:
+            continue
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(_name(cpu))
+        except OSError:
+            taken.add(cpu)
+        finally:
+            s.close()
+    return taken
+
+
 class ProcessPins:
-    """This process's threads pinned for as long as some loader holds the pins (one per process)."""
+    """This process's threads pinned, and its CPUs claimed, for as long as some loader holds the pins (one per
+    process); ``plan`` is the first holder's placement, which later loaders of the process share."""
 
     _lock = threading.Lock()
     _holders = 0
@@ -61,34 +90,31 @@ class ProcessPins:
     _before: dict[int, set[int]] = {}
     _first: set[int] = set()
     _claims: list[socket.socket] = []
+    plan: Any = None
 
     @classmethod
-    def claimable(cls, cpus: tuple[int, ...]) -> bool:
-        """No other process on this host has placed its training process on any of ``cpus``."""
-        with cls._lock:
-            if cls._holders and set(cpus) <= set(cls._cpus):
-                return True
-            claims = _claim(tuple(c for c in cpus if c not in cls._cpus))
-            if claims is None:
-                return False
-            for c in claims:
-                c.close()
-            return True
+    def cpus(cls) -> tuple[int, ...]:
+        return cls._cpus
 
     @classmethod
-    def hold(cls, cpus: tuple[int, ...]) -> bool:
-        """Pin every thread of this process to ``cpus`` (the first holder's; later ones share them). True when
-        this holder must ``release``; False when ``cpus`` is empty or another process claimed them meanwhile."""
-        if not cpus:
+    def original(cls) -> set[int]:
+        """The CPUs the process had before it was pinned (while it is), else its mask now."""
+        return set(cls._first) if cls._holders else set(os.sched_getaffinity(0))
+
+    @classmethod
+    def unpinned(cls) -> tuple[int, ...]:
+        """Where a worker of an unplaced loader runs: the mask the process had before it was pinned, so that it
+        does not inherit the launching threads' cores; () when nothing is pinned (it inherits as it would)."""
+        return tuple(sorted(cls._first)) if cls._holders else ()
+
+    @classmethod
+    def hold(cls, plan: Any) -> bool:
+        """Pin every thread of this process to ``plan.trainer`` with ``plan.claims`` (the first holder's plan;
+        later ones share it, their claims let go). True when this holder must ``release``."""
+        if not plan.trainer:
             return False
         with cls._lock:
             if cls._holders == 0:
-                claims = _claim(cpus)
-                if claims is None:
-                    log.warning("CPUs %s were claimed by another process's training process as this loader "
-                                "started: the training process stays unpinned", ",".join(map(str, cpus)))
-                    return False
-                cls._claims = claims
                 cls._first = set(os.sched_getaffinity(0))
                 cls._before = {}
                 for tid in _threads():
@@ -96,17 +122,17 @@ class ProcessPins:
                         cls._before[tid] = set(os.sched_getaffinity(tid))
                     except OSError:
                         continue
-                    _set(tid, cpus)
-                cls._cpus = cpus
-            elif tuple(cpus) != cls._cpus:
-                log.info("the training process is pinned to CPUs %s already (by an earlier loader); this loader's "
-                         "plan keeps them", ",".join(map(str, cls._cpus)))
+                    _set(tid, plan.trainer)
+                cls._cpus, cls._claims, cls.plan = tuple(plan.trainer), list(plan.claims), plan
+            else:
+                for c in plan.claims:
+                    c.close()
             cls._holders += 1
             return True
 
     @classmethod
     def release(cls) -> None:
-        """The last holder gives every thread its mask back."""
+        """The last holder gives every thread its mask back, and the CPUs their claims."""
         with cls._lock:
             if cls._holders == 0:
                 return
@@ -115,13 +141,24 @@ class ProcessPins:
                 return
             for tid in _threads():
                 _set(tid, cls._before.get(tid, cls._first))
-            for c in cls._claims:
-                c.close()
-            cls._before, cls._cpus, cls._claims = {}, (), []
+            cls._drop()
 
     @classmethod
-    def held(cls) -> tuple[int, ...]:
-        return cls._cpus
+    def _drop(cls) -> None:
+        for c in cls._claims:
+            c.close()
+        cls._before, cls._cpus, cls._claims, cls.plan, cls._holders = {}, (), [], None, 0
+
+    @classmethod
+    def _forked(cls) -> None:
+        """A child made by fork (a fork-based DataLoader worker, a pool): the claims are the parent's."""
+        cls._lock = threading.Lock()
+        if cls._holders:  # its one thread inherited the launching cores: it gets the process's first mask
+            _set(0, cls._first)
+        cls._drop()
+
+
+os.register_at_fork(after_in_child=ProcessPins._forked)
 
 
 def pin_self(cpus: tuple[int, ...] | list[int]) -> None:

@@ -8,29 +8,29 @@ synthetic at 0.7 % starvation). So, within what this rank may use:
 1. **The rank's share.** Local ranks that see the same CPUs (a container's cpuset, a whole host) split them
    between them, by cores in NUMA order, so that ranks never overlap; ranks already bound to fewer CPUs than
    the cpuset (torchrun ``--numa-binding``, ``taskset``) split only what they were given with the ranks bound
-   alike. A CPU quota smaller than the share keeps as many cores as it can run at once.
+   alike. Under a CPU quota smaller than the CPUs it sees (``docker --cpus``, a Kubernetes limit without the
+   static CPU manager) a container shares its CPUs with others: nothing is pinned there.
 2. **The training process** gets ``trainer_cores`` whole cores (both hyperthreads; by default 2 where the share
    has 8 cores or more, else 1), on the GPU's NUMA node first; its transfer threads run there too.
 3. **The workers** get the rest, one core each while there are cores (worker ``k`` on the ``k``-th), the GPU's
    node first; a worker past the last core runs on all of the workers' CPUs. ``workers="auto"`` counts only
    these CPUs.
 
-Where nothing can be placed (one core, a quota under two CPUs, more ranks than cores) the plan says why, once,
-and nothing is pinned. ``cpu_placement="off"`` pins nothing; ``"trainer=0-1;workers=2-15"`` is taken as written
+Where nothing can be placed (one core, a quota, more ranks than cores, CPUs other processes claimed) the plan
+says why, once, and nothing is pinned. ``cpu_placement="off"`` pins nothing; ``"trainer=0-1;workers=2-15"`` is taken as written
 (checked against the CPUs this process may use).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...errors import SettingError
 from .host import Host, format_cpus, gpu_node, parse_cpus
-from .pinning import ProcessPins
+from .pinning import ProcessPins, claim, taken_elsewhere
 
 log = logging.getLogger("feedline.loader")
 
@@ -46,6 +46,7 @@ class Placement:
     why_not: str = ""  # why nothing is pinned ("" when placed, or when placement is off)
     host: Host | None = None
     share: tuple[tuple[int, ...], ...] = ()  # the rank's cores
+    claims: tuple[Any, ...] = field(default=(), compare=False, repr=False)  # the trainer CPUs' claims (pinning.py)
 
     @property
     def placed(self) -> bool:
@@ -89,13 +90,14 @@ def plan(host: Host, setting: str = "auto", trainer_cores: int | None = None, lo
         return Placement(host=host)
     if setting != "auto":
         return _explicit(host, setting)
+    if host.quota is not None and host.quota < len(host.allowed):
+        return Placement(why_not=f"a CPU quota of {host.quota:g} CPUs over the {len(host.allowed)} this process may "
+                                 f"use: other containers' processes run on these CPUs too, and pinning to some would "
+                                 f"stack on theirs (give the container a cpuset of its own — Kubernetes' static CPU "
+                                 f"manager, docker --cpuset-cpus — or cpu_placement lists)", host=host)
     share, ranks, why = _share(host, local_rank, local_world)
     if why:
         return Placement(why_not=why, host=host)
-    if host.quota is not None:  # the cgroup's: the local ranks that share the CPUs share it too
-        share, why = _within_quota(share, host.quota / ranks)
-        if why:
-            return Placement(why_not=why, host=host)
     share = sorted(share, key=lambda core: (host.node_of(core) != gpu_node if gpu_node is not None else False,
                                             host.node_of(core), core[0]))
     reserve = trainer_cores if trainer_cores is not None else (2 if len(share) >= 8 else 1)
@@ -128,54 +130,50 @@ def _share(host: Host, local_rank: int, local_world: int) -> tuple[list[tuple[in
     return cores[index * each:(index + 1) * each], ranks, ""
 
 
-def _within_quota(share: list[tuple[int, ...]], quota: float) -> tuple[list[tuple[int, ...]], str]:
-    """The cores a CPU quota can keep busy at once (its CPUs, rounded up, whole cores)."""
-    if quota < 2:
-        return [], f"a CPU quota of {quota:g} CPUs: less than one for the training process and one for the workers"
-    need, kept = math.ceil(quota), []
-    for core in share:
-        if sum(len(c) for c in kept) >= need:
-            break
-        kept.append(core)
-    return kept, ""
-
-
 def _parse(setting: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``trainer=0-1;workers=2-15`` (either order) as its two CPU lists; refused unless both are named, apart."""
+    """``trainer=0-1;workers=2-15`` (either order) as its two CPU lists; ValueError (the reason) unless both are
+    named, apart."""
     parts: dict[str, tuple[int, ...]] = {}
     for item in setting.split(";"):
         name, eq, cpus = item.partition("=")
         name = name.strip()
         if not eq or name not in ("trainer", "workers") or name in parts:
-            raise SettingError("cpu_placement", f"{setting!r}: give 'auto', 'off', or CPU lists as "
-                                                f"'trainer=0-1;workers=2-15'")
+            raise ValueError("give 'auto', 'off', or CPU lists as 'trainer=0-1;workers=2-15'")
         try:
             parts[name] = parse_cpus(cpus)
         except ValueError as exc:
-            raise SettingError("cpu_placement", f"{setting!r}: {exc} (CPU lists are like 0-3,8)") from None
+            raise ValueError(f"{exc} (CPU lists are like 0-3,8)") from None
     if set(parts) != {"trainer", "workers"} or not all(parts.values()):
-        raise SettingError("cpu_placement", f"{setting!r}: name both sides, as 'trainer=0-1;workers=2-15'")
+        raise ValueError("name both sides, as 'trainer=0-1;workers=2-15'")
     both = sorted(set(parts["trainer"]) & set(parts["workers"]))
     if both:
-        raise SettingError("cpu_placement", f"{setting!r}: CPUs {format_cpus(both)} are on both sides; the "
-                                            f"training process's CPUs are its own")
+        raise ValueError(f"CPUs {format_cpus(both)} are on both sides; the training process's CPUs are its own")
     return parts["trainer"], parts["workers"]
 
 
-def check_setting(setting: Any) -> str:
-    """The setting, stripped, once its form is right (the CPUs themselves are checked against the host later)."""
+def parse_setting(setting: Any) -> str:
+    """The setting, stripped, once its form is right; ValueError with the reason (``Config`` names the setting and
+    its value)."""
     if not isinstance(setting, str):
-        raise SettingError("cpu_placement", f"must be 'auto', 'off' or CPU lists as 'trainer=0-1;workers=2-15', "
-                                            f"got {setting!r}")
+        raise ValueError("give 'auto', 'off', or CPU lists as 'trainer=0-1;workers=2-15'")
     setting = setting.strip()
     if setting not in MODES:
         _parse(setting)
     return setting
 
 
+def check_setting(setting: Any) -> str:
+    """``parse_setting`` for the library: a SettingError naming the setting (the CPUs themselves are checked
+    against the host later)."""
+    try:
+        return parse_setting(setting)
+    except ValueError as exc:
+        raise SettingError("cpu_placement", f"{setting!r}: {exc}") from None
+
+
 def _explicit(host: Host, setting: str) -> Placement:
     """The CPU lists as written, checked against the CPUs this process may use."""
-    trainer, workers = _parse(setting)
+    trainer, workers = _parse(check_setting(setting))
     outside = sorted(set(trainer + workers) - set(host.allowed))
     if outside:
         raise SettingError("cpu_placement", f"{setting!r}: CPUs {format_cpus(outside)} are not among those this "
@@ -186,22 +184,56 @@ def _explicit(host: Host, setting: str) -> Placement:
     return Placement(trainer, cores, host=host)
 
 
-def for_this_process(setting: str, trainer_cores: int | None, device: Any = None) -> Placement:
-    """The plan for this process: its host, its local rank (torchrun's ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``),
-    the GPU's NUMA node where ``device`` is a CUDA one; logged once."""
+def for_this_process(setting: str, trainer_cores: int | None, on_device: bool = False,
+                     gpu_index: int | None = None) -> Placement:
+    """The plan for this process, with its claims: its host, its local rank (torchrun's ``LOCAL_RANK`` and
+    ``LOCAL_WORLD_SIZE``), the GPU's NUMA node (``gpu_index``: its CUDA device); logged once.
+
+    ``auto`` places a loader that feeds a device (CUDA, or the stand-in): its launching threads are what the
+    cores are kept for; a loader whose batches stay on the CPU is left where it is (a CPU training step runs
+    on every core its threads may use). A later loader of a process shares the first one's plan. A rank takes
+    its own slice of the cores, or the first slice whose training-process CPUs no other process claimed (ranks
+    not numbered in NUMA order, a restarted rank); a process alone on CPUs that another one claimed places
+    itself on the rest."""
     if setting == "off":
         return Placement()
+    if ProcessPins.plan is not None:
+        return ProcessPins.plan  # type: ignore[no-any-return]
+    if setting == "auto" and not on_device:
+        return Placement(why_not="the batches stay on the CPU: a CPU training step runs on every core its threads "
+                                 "may use (placement keeps cores for a GPU's launching threads; give CPU lists to "
+                                 "place anyway)")
     try:
-        host = Host.read("/")
-    except (OSError, AttributeError, ValueError) as exc:  # not Linux, or a /proc it cannot read
-        out = Placement(why_not=f"this host's CPUs cannot be read ({exc})")
-        log.info("%s", out.describe())
-        return out
-    node = gpu_node() if getattr(device, "type", None) == "cuda" else None
-    out = plan(host, setting, trainer_cores, int(os.environ.get("LOCAL_RANK", "0") or 0),
-               int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), node)
-    if out.placed and not ProcessPins.claimable(out.trainer):
-        out = Placement(why_not=f"CPUs {format_cpus(out.trainer)} are another process's training process's (it "
-                                f"placed itself there first): this one is not placed", host=host)
-    log.info("%s", out.describe())
-    return out
+        host = Host.read("/", ProcessPins.original())
+        rank, world = _local_rank()
+    except (OSError, AttributeError, ValueError) as exc:  # not Linux, a /proc it cannot read, LOCAL_RANK=x
+        return _logged(Placement(why_not=f"this host's CPUs cannot be read ({exc})"))
+    node = gpu_node(index=gpu_index) if on_device and gpu_index is not None else None
+    out = plan(host, setting, trainer_cores, rank, world, node)
+    if not out.placed:
+        return _logged(out)
+    tries = [rank, *(r for r in range(world) if r != rank)] if setting == "auto" else [rank]
+    for r in tries:  # the rank's own slice first
+        p = out if r == rank else plan(host, setting, trainer_cores, r, world, node)
+        claims = claim(p.trainer) if p.placed else None
+        if claims is not None:
+            return _logged(replace(p, claims=tuple(claims)))
+    taken = taken_elsewhere(host.allowed)
+    if setting == "auto" and taken:  # alone on the CPUs others claimed: the rest, as one share
+        p = plan(host.without(taken), setting, trainer_cores, 0, 1, node)
+        claims = claim(p.trainer) if p.placed else None
+        if claims is not None:
+            return _logged(replace(p, claims=tuple(claims)))
+    return _logged(Placement(why_not=f"CPUs {format_cpus(sorted(taken or out.trainer))} are the training processes' "
+                                     f"of other processes here, and what is left does not place this one",
+                             host=host))
+
+
+def _local_rank() -> tuple[int, int]:
+    world = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return min(max(0, int(os.environ.get("LOCAL_RANK", "0") or 0)), world - 1), world
+
+
+def _logged(p: Placement) -> Placement:
+    log.info("%s", p.describe())
+    return p

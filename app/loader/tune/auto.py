@@ -64,17 +64,19 @@ class AutoWorkers:
         if window is None:
             return now if t.settling else now + CHECK
         if t.before is not None:  # the first window after a growth: did the loop's own step slow down?
-            back, t.before = slowed(t.before, t.workers, window), None
-            if back is not None:
-                log.info("workers=auto: %s", back.reason)
-                self._regrow(back.workers)  # the rest of the epoch over the count before (the others stay idle)
-                t.workers = back.workers
+            verdict, t.before = slowed(t.before, t.workers, window), None
+            if verdict is not None:
+                log.info("workers=auto: %s", verdict.reason)
+                if verdict.workers < t.workers:  # the rest of the epoch over the count before (the others idle)
+                    self._regrow(verdict.workers)
+                    t.workers = verdict.workers
                 self.stop(None)
                 return None
         d = decide(t.workers, t.most, window)
         log.info("workers=auto: %s", d.reason)
         if d.workers > t.workers:
-            t.before = (t.workers, window.step_per_batch) if self._in_epoch else None
+            t.before = ((t.workers, window.step_per_batch, (window.wait + window.step) / window.batches)
+                        if self._in_epoch and window.batches else None)
             t.growing_to, self._grow_by = d.workers, now + GROW_WAIT
             self._pool.grow(d.workers)
             if not self._in_epoch:  # a new split would change the agreed batch count, or the replay: next epoch
@@ -89,7 +91,7 @@ class AutoWorkers:
     def adopt(self, workers: int, go_on: bool) -> bool:
         """A loaded state's worker count; the tuner goes on from it if ``go_on`` (the state is of the first
         epoch), else it is done. True while it goes on."""
-        self.tuner.workers, self.tuner.growing_to = workers, None
+        self.tuner.workers, self.tuner.growing_to, self.tuner.before = workers, None, None
         self.tuner.restarted()
         self.done = self.done or not go_on
         return not self.done

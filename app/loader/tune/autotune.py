@@ -18,6 +18,9 @@ import math
 import os
 from dataclasses import dataclass
 
+from ..cpus.host import cpu_quota
+from ..cpus.pinning import ProcessPins
+
 AUTO = "auto"
 
 
@@ -34,12 +37,12 @@ def cgroup_cpus(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
 
 
 def usable_cpus() -> tuple[int, str]:
-    """CPUs this process can run on, and how that was found."""
+    """CPUs this process can run on (the mask it had before a loader pinned it), and how that was found."""
     try:
-        affinity = len(os.sched_getaffinity(0))
+        affinity = len(ProcessPins.original())
     except AttributeError:  # not Linux
         affinity = os.cpu_count() or 1
-    quota = cgroup_cpus()
+    quota = cpu_quota()
     if quota is not None and quota < affinity:
         return max(1, math.floor(quota)), f"a cgroup CPU quota of {quota:g}"
     return affinity, f"{affinity} CPUs in this process's affinity"

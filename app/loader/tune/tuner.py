@@ -7,8 +7,9 @@ taken), and the CPUs left idle. It grows the pool while the loop waits, the deco
 empty (the workers are late, not the order) and CPUs are idle, by what the wait says is missing;
 it stops once the loop no longer waits, the CPUs are busy, or the host's most is reached. After a
 growth it compares the loop's own step a batch (the time between ``next()`` calls) with the one
-before: a step ``SLOWER`` than before means the new workers took the loop's CPU, and the pool goes
-back to the count before (``slowed``). Every decision is logged with its figures; the count shows
+before: a step ``SLOWER`` than before means the new workers took the loop's CPU; the pool goes back
+to the count before if batches come no sooner for it, else it keeps the count and grows no further
+(``slowed``). Every decision is logged with its figures; the count shows
 in ``feedline_workers``.
 
 The tuner only decides; the loader starts the new workers ahead and, once they are up, restarts
@@ -22,6 +23,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from ..cpus.pinning import ProcessPins
 from .autotune import cgroup_cpus
 
 INTERVAL = 2.0  # seconds of the loop's time a decision looks at
@@ -81,16 +83,22 @@ def decide(workers: int, most: int, w: Window) -> Decision:
     return Decision(target, target >= most, f"growing to {target} workers: {figures}")
 
 
-def slowed(before: tuple[int, float], workers: int, w: Window) -> Decision | None:
-    """After a growth: back to the count ``before`` (workers, the step a batch then) when the loop's own step got
-    ``SLOWER`` a batch with the new workers; more workers than the step needs take its thread's CPU (on a GPU,
-    the launching thread's), which starvation cannot show. None: the growth stands."""
-    was, step = before
+def slowed(before: tuple[int, float, float], workers: int, w: Window) -> Decision | None:
+    """After a growth, when the loop's own step got ``SLOWER`` a batch with the new workers (they take its thread's
+    CPU; on a GPU, the launching thread's, which starvation cannot show): back to the count ``before`` (workers,
+    the step a batch, the wait and step a batch, then) if a batch comes no sooner than it did, else keep the
+    count and grow no further. None: the step is as it was, the tuning goes on."""
+    was, step, total = before
     if step <= 0 or w.batches == 0 or w.step_per_batch <= step * (1 + SLOWER):
         return None
-    return Decision(was, True, f"back to {was} workers: the loop's step took {w.step_per_batch * 1e3:.2f} ms a "
-                               f"batch with {workers}, {w.step_per_batch / step - 1:.0%} more than the "
-                               f"{step * 1e3:.2f} ms with {was} (their decoding took the loop's CPU)")
+    now = (w.wait + w.step) / w.batches
+    figures = (f"the loop's step took {w.step_per_batch * 1e3:.2f} ms a batch with {workers} workers, "
+               f"{w.step_per_batch / step - 1:.0%} more than the {step * 1e3:.2f} ms with {was}, and a batch came "
+               f"every {now * 1e3:.2f} ms (was {total * 1e3:.2f})")
+    if now >= total * (1 - SLOWER):
+        return Decision(was, True, f"back to {was} workers: {figures}: their decoding took the loop's CPU")
+    return Decision(workers, True, f"keeping {workers} workers, no more: {figures}: fed sooner, but more would "
+                                   f"take the loop's CPU")
 
 
 class CpuMeter:
@@ -101,7 +109,7 @@ class CpuMeter:
         self._stat, self._cgroup = stat, cgroup
         if cpus is None:
             try:
-                cpus = set(os.sched_getaffinity(0))
+                cpus = ProcessPins.original()  # the process's CPUs before a loader pinned it
             except AttributeError:  # not Linux
                 cpus = set(range(os.cpu_count() or 1))
         self._cpus = cpus
@@ -150,7 +158,7 @@ class WorkerTuner:
         self.workers = workers
         self.most = most
         self.growing_to: int | None = None  # workers started ahead, not yet given the epoch
-        self.before: tuple[int, float] | None = None  # the count and step a batch before the last growth
+        self.before: tuple[int, float, float] | None = None  # count, step and wait+step a batch before a growth
         self._meter = meter or CpuMeter()
         self._settle = SETTLE
         self._begun: tuple[float, float, float, int] | None = None  # (time, wait, step, batches) at the start
