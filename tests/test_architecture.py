@@ -35,12 +35,13 @@ FACE_BELOW = {"api": {"appliance", "trainer", "demo", "bench", "report", "soak"}
 # (StagingLoader and what it wires) imports anything of the loader.
 LOADER_BASE = {"errors", "stats", "watchdog", "cost"}  # import nothing else of the loader
 LOADER_STAGES = {
+    "cpus": set(),  # where the training process and its workers run (issue 69)
     "layout": set(),
     "plan": set(),
     "ring": {"layout"},
-    "workers": {"layout", "plan", "ring"},
+    "workers": {"layout", "plan", "ring", "cpus"},
     "device": {"layout", "ring", "workers"},
-    "tune": {"workers"},
+    "tune": {"workers", "cpus"},
 }
 LOADER_FACE = {"loader", "settings", "pipeline", "iterator", "__init__"}
 LONG_FILE = 400
