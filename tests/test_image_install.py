@@ -16,7 +16,9 @@ import pytest
 
 from helpers import ROOT
 
-pytestmark = pytest.mark.beside_soak  # heavy: scripts/test runs these beside the soak (tests/conftest.py)
+# in one xdist worker of the parallel part (the tests beside the soak, the bench's, fill its three minutes
+# already: issue 68)
+pytestmark = pytest.mark.xdist_group("image_install")
 
 INSTALL = os.path.join(ROOT, "deploy", "image", "install-feedline")
 

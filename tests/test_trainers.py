@@ -12,7 +12,9 @@ import pytest
 import torch
 from helpers import ROOT, id_shards
 
-pytestmark = pytest.mark.beside_soak  # heavy: scripts/test runs these beside the soak (tests/conftest.py)
+# in one xdist worker of the parallel part (the tests beside the soak, the bench's, fill its three minutes
+# already: issue 68)
+pytestmark = pytest.mark.xdist_group("trainers")
 
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
