@@ -220,10 +220,12 @@ def masks_of(pid: int | str, threads: bool = False) -> set[str]:
 
 RUN = """
 import json, os, subprocess, sys
+import torch
 from feedline import StagingLoader
 sys.path.insert(0, {tests!r})
 from test_placement import masks_of
 
+threads = torch.get_num_threads()
 with StagingLoader({shards!r}, batch_size=4, workers={workers!r}, spec={{"cls": "int64"}},
                    cpu_placement={setting!r}, device="standin") as loader:  # a device's loader: auto places it
     it = iter(loader)
@@ -231,11 +233,13 @@ with StagingLoader({shards!r}, batch_size=4, workers={workers!r}, spec={{"cls": 
     kids = [int(p) for p in subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
                                             text=True).stdout.split()]
     during = {{"trainer": sorted(masks_of(os.getpid(), threads=True)), "workers": [sorted(masks_of(k)) for k in kids],
-              "placed": loader.placement.placed, "describe": loader.placement.describe(), "count": loader.workers}}
+              "placed": loader.placement.placed, "describe": loader.placement.describe(), "count": loader.workers,
+              "torch_threads": [threads, torch.get_num_threads()]}}
     if {hold!r}:
         print("HELD " + json.dumps(during), flush=True)
         sys.stdin.readline()
-print("RESULT " + json.dumps({{**during, "after": sorted(masks_of(os.getpid(), threads=True))}}), flush=True)
+print("RESULT " + json.dumps({{**during, "after": sorted(masks_of(os.getpid(), threads=True)),
+                              "torch_threads_after": torch.get_num_threads()}}), flush=True)
 """
 
 
@@ -276,6 +280,8 @@ def test_a_real_run_pins_the_training_process_and_its_workers_apart_and_gives_th
     assert len(got["workers"]) == 2 and not worker_cpus & set(trainer_cpus)  # no worker on a trainer's CPU
     assert set(trainer_cpus) | worker_cpus == set(cpus)
     assert got["after"] == [format_cpus(cpus)]  # the masks given back when the loader closed
+    before, during = got["torch_threads"]  # torch's pool cut to the pinned cores (its threads would take turns)
+    assert during == min(len(trainer_cpus), before) and got["torch_threads_after"] == before  # then given back
 
 
 @pytest.mark.serial
@@ -336,10 +342,12 @@ def test_a_cpu_another_process_claimed_is_seen_taken_and_free_again_once_it_ends
 
 TWO_LOADERS = """
 import json, os, subprocess, sys
+import torch
 from feedline import StagingLoader
 sys.path.insert(0, {tests!r})
 from test_placement import masks_of
 
+threads = torch.get_num_threads()
 with StagingLoader({shards!r}, batch_size=4, workers=1, spec={{"cls": "int64"}}, device="standin") as train:
     next(iter(train))
     with StagingLoader({shards!r}, batch_size=4, workers=1, spec={{"cls": "int64"}}) as val:  # a CPU one, after

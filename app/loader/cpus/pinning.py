@@ -12,6 +12,10 @@ its threads had are given back when the last loader that pinned them closes (a t
 the process's first mask), and every loader of the process shares the first one's plan. A worker process is
 pinned by the trainer as it starts and pins itself, first thing, to the CPUs its header names (``launch.py``),
 so every thread it starts (FFmpeg's, a transform's) stays there.
+
+torch's intra-op pool has a thread a CPU the process had at its start: pinned to fewer cores, those threads would
+take turns on them (a CPU op twenty times slower on one core with two threads, measured), so the pool is cut to
+the cores pinned while they are, and given back with the masks.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 from typing import Any
 
@@ -90,6 +95,7 @@ class ProcessPins:
     _before: dict[int, set[int]] = {}
     _first: set[int] = set()
     _claims: list[socket.socket] = []
+    _torch_threads = 0  # torch's intra-op threads before they were cut to the pinned cores; 0: not cut
     plan: Any = None
 
     @classmethod
@@ -124,6 +130,7 @@ class ProcessPins:
                         continue
                     _set(tid, plan.trainer)
                 cls._cpus, cls._claims, cls.plan = tuple(plan.trainer), list(plan.claims), plan
+                cls._torch_threads = _cut_torch_threads(len(plan.trainer))
             else:
                 for c in plan.claims:
                     c.close()
@@ -141,6 +148,8 @@ class ProcessPins:
                 return
             for tid in _threads():
                 _set(tid, cls._before.get(tid, cls._first))
+            if cls._torch_threads:
+                _torch_set_threads(cls._torch_threads)
             cls._drop()
 
     @classmethod
@@ -148,6 +157,7 @@ class ProcessPins:
         for c in cls._claims:
             c.close()
         cls._before, cls._cpus, cls._claims, cls.plan, cls._holders = {}, (), [], None, 0
+        cls._torch_threads = 0
 
     @classmethod
     def _forked(cls) -> None:
@@ -159,6 +169,26 @@ class ProcessPins:
 
 
 os.register_at_fork(after_in_child=ProcessPins._forked)
+
+
+def _torch_set_threads(n: int) -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(n)
+
+
+def _cut_torch_threads(cores: int) -> int:
+    """torch's intra-op threads down to ``cores`` when it had more; the count before (to give back), else 0."""
+    torch = sys.modules.get("torch")  # not imported: nothing to cut (the loader itself imports it)
+    if torch is None:
+        return 0
+    before = torch.get_num_threads()
+    if before <= cores:
+        return 0
+    torch.set_num_threads(cores)
+    log.info("cpu_placement: torch's intra-op threads %d -> %d, the training process's cores, while the loader "
+             "runs (torch.set_num_threads after the loader starts overrides it)", before, cores)
+    return before
 
 
 def pin_self(cpus: tuple[int, ...] | list[int]) -> None:
