@@ -1,8 +1,8 @@
 """Fixtures every test file shares: the leak check, a remote store of id shards, a cache, sampler processes.
 
-``scripts/test`` runs the suite in two parts: most of it in two pytest-xdist workers (``-n 2``), then in one
-process the soak with the heavy tests marked ``beside_soak`` beside it, and after it the tests marked ``serial``
-or ``idle_cpus``. In a worker, another worker's test may hold entries in /dev/shm while this one ends, so the
+``scripts/test`` starts the 3-minute soak run, then runs the suite in two parts: most of it, with the heavy tests
+marked ``beside_soak``, in two pytest-xdist workers (``-n 2``) while the soak runs beside them, then in one
+process the soak's test (it finds the run ended) and the tests marked ``serial`` or ``idle_cpus``. In a worker, another worker's test may hold entries in /dev/shm while this one ends, so the
 leak check there notes what a test's end found new, and the xdist controller fails the run, naming the tests,
 for every such entry still there once all workers are done.
 """
@@ -35,16 +35,17 @@ def pytest_configure(config):
                                        "scripts/test runs it after the parallel part, in one process")
     config.addinivalue_line("markers", "soak: the 3-minute soak's test (background_soak.py): scripts/test runs it "
                                        "in its one-process part")
-    config.addinivalue_line("markers", "beside_soak: heavy tests scripts/test runs in its one-process part, where "
-                                       "they fill the soak's three minutes")
+    config.addinivalue_line("markers", "beside_soak: heavy tests a one-process run puts before the soak's test, "
+                                       "where they fill its three minutes (scripts/test: in its parallel part)")
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected: only the tests that will run count
 def pytest_collection_modifyitems(session, config, items):
     """Tests marked ``cuda`` skip where there is no CUDA device (scripts/gpu-check runs them on a lent GPU).
 
-    The 3-minute soak run starts now, when its test is among those to run: it runs beside the others
-    (``background_soak.py``), and its test checks it. It takes a share of the CPUs while it runs, and its
+    The 3-minute soak run starts now, when its test is among those to run (under scripts/test, which started
+    it before its parallel part, it is taken over): it runs beside the others (``background_soak.py``), and its
+    test checks it. It takes a share of the CPUs while it runs, and its
     processes make and free shared memory, so the tests marked ``idle_cpus`` or ``serial`` run last, after the
     soak's test has waited for its end: no other work of the suite's own is running beside them then. The tests
     marked ``beside_soak`` run before the soak's own test (which waits for the soak's end), whatever their
@@ -57,8 +58,9 @@ def pytest_collection_modifyitems(session, config, items):
             if item.get_closest_marker("cuda"):
                 item.add_marker(no_cuda)
     if any(item.name == background_soak.TEST for item in items):
-        SOAK.start(ROOT)
-        KEPT_FOR_THE_MODULE.add(SOAK.proc.pid)
+        SOAK.start(ROOT)  # or, under scripts/test, the run it started before its parallel part
+        if SOAK.runner is not None:
+            KEPT_FOR_THE_MODULE.add(SOAK.runner.pid)
 
         def late(item):  # after the soak's test has waited for its end: nothing of the soak's beside them
             return item.get_closest_marker("idle_cpus") or item.get_closest_marker("serial")

@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -207,3 +209,21 @@ def test_the_bookkeeping_counts_compare_a_worker_and_the_bare_decode_on_the_same
     shards = make_dataset("jpeg", str(tmp_path), 2 * BATCH, 1 << 20, os.path.join(ROOT, ".cache"))
     assert len(shards) >= 2  # the worker crosses a shard's end as it does in the bench
     assert np.array_equal(worker_loop(sorted(shards), 2 * BATCH), decode_loop(sorted(shards), 2 * BATCH))
+
+
+def test_a_sigterm_stops_the_bench_and_removes_its_samples_from_dev_shm(tmp_path):
+    before = {e for e in os.listdir("/dev/shm") if e.startswith("feedline-bench-")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "feedline", "bench", "--quick", "--seconds", "5", "--workers", "1", "--raw-samples", "48",
+         "--sample-size", "64KiB", "--json", str(tmp_path / "b.json"), "--markdown", str(tmp_path / "b.md"),
+         "--workloads", "raw", "--host", "test-host", "--peers", "off", "--fast-peers", "off"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not {e for e in os.listdir("/dev/shm") if e.startswith("feedline-bench-")} - before:
+        assert proc.poll() is None and time.monotonic() < deadline, "the bench made no folder in /dev/shm"
+        time.sleep(0.05)
+    time.sleep(2)  # a contender running
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert {e for e in os.listdir("/dev/shm") if e.startswith("feedline-bench-")} - before == set()
+    assert not (tmp_path / "b.json").exists()  # nothing half-written

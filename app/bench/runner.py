@@ -14,6 +14,7 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -298,11 +299,18 @@ def _distributed_workload(args: argparse.Namespace, shm_root: str) -> dict[str, 
     return out
 
 
+def _stopped(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(args: argparse.Namespace) -> int:
     if args.quick:
         args.rounds, args.warmup, args.seconds = 1, 0.0, min(args.seconds, 1.0)
     if args.rounds < 1:
         raise ValueError("--rounds must be at least 1")
+    # SIGTERM (a job's timeout, kill) unwinds as Ctrl-C does: the running contender is killed (subprocess.run) and
+    # the samples in /dev/shm removed (run_bench's finally); unhandled, it left a gigabyte there
+    signal.signal(signal.SIGTERM, _stopped)
     results = run_bench(args)
     host = args.host or _host_label()
     doc: dict[str, Any] = {}
