@@ -87,7 +87,8 @@ def test_a_shard_that_never_answers_does_not_stop_the_start_up(remote, cache, sa
 
 class Forwarder:
     """A server on 127.0.0.1 that answers GETs and HEADs by fetching ``upstream`` + the path, and records each path.
-    A forward proxy is sent whole URLs: its upstream is "". ``admit(method)`` wraps each answer."""
+    A forward proxy is sent whole URLs: its upstream is "". ``admit(method)`` wraps each upstream request, not
+    the writing of the answer."""
 
     def __init__(self, upstream: str = ""):
         self.forwarded: list[str] = []
@@ -104,16 +105,18 @@ class Forwarder:
 
             def _forward(self, method):
                 outer.forwarded.append(self.path)
+                # the answer is written after admit() ends: once the client has it, it may ask again at once,
+                # and that request must not find this one still counted as in flight
                 with outer.admit(method):
                     req = urllib.request.Request(upstream + self.path, method=method)
                     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
                     with opener.open(req, timeout=10) as r:
-                        body = r.read()
-                        self.send_response(r.status)
-                        self.send_header("Content-Length", r.headers["Content-Length"])
-                        self.end_headers()
-                        if method == "GET":
-                            self.wfile.write(body)
+                        status, length, body = r.status, r.headers["Content-Length"], r.read()
+                self.send_response(status)
+                self.send_header("Content-Length", length)
+                self.end_headers()
+                if method == "GET":
+                    self.wfile.write(body)
 
             def log_message(self, *args):
                 pass
