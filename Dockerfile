@@ -38,7 +38,7 @@ COPY app /src/app
 COPY deploy/image/install-feedline /usr/local/bin/
 # The project asks for torch>=2.4 (a range the base satisfies); the install keeps the base's torch as
 # it is and fails, rather than replace it, if anything would.
-RUN install-feedline "/src[zstd]" --find-links /wheels \
+RUN install-feedline "/src[zstd,ray]" --find-links /wheels \
  && (pip uninstall -y pillow pillow-simd || true)
 # torchrun of this environment: the base's own (/opt/conda/bin/torchrun) would start the ranks with a
 # Python that cannot import feedline or the training code's packages installed here.

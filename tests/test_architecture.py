@@ -42,6 +42,7 @@ LOADER_STAGES = {
     "workers": {"layout", "plan", "ring", "cpus"},
     "device": {"layout", "ring", "workers"},
     "tune": {"workers", "cpus"},
+    "remote": {"layout", "plan", "ring", "workers"},  # worker places decoded on a Ray cluster (issue 70)
 }
 LOADER_FACE = {"loader", "settings", "pipeline", "iterator", "__init__"}
 LONG_FILE = 400

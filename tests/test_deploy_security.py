@@ -95,14 +95,16 @@ def test_grafanas_dashboards_are_provisioned_from_the_folder_compose_mounts():
 
 
 def pod_specs():
+    ray = {f"ray-decode.yaml: {d['metadata']['name']}": d["spec"]["template"]["spec"]
+           for d in load_all(os.path.join(K8S, "ray-decode.yaml")) if d["kind"] == "Deployment"}
     return {"job.yaml": single_node()["spec"]["template"]["spec"],
-            "multinode.yaml": multinode()[1]["spec"]["template"]["spec"]}
+            "multinode.yaml": multinode()[1]["spec"]["template"]["spec"], **ray}
 
 
 def test_every_kubernetes_container_is_locked_down_with_a_writable_tmp():
     for where, pod in pod_specs().items():
         empty_dirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
-        for c in pod["initContainers"] + pod["containers"]:
+        for c in pod.get("initContainers", []) + pod["containers"]:
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, (where, c["name"])
             assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {"type": "RuntimeDefault"}

@@ -37,7 +37,8 @@ from feedline.report.prometheus import PrometheusAPI
 pytestmark = pytest.mark.xdist_group("observability")
 
 PROM = os.path.join(ROOT, "deploy", "prometheus")
-ALLOWED_LABELS = {"queue", "state", "stage", "reason", "kind", "version", "rank", "le", "thread", "side"}
+ALLOWED_LABELS = {"queue", "state", "stage", "reason", "kind", "version", "rank", "le", "thread", "side", "place",
+                  "direction"}
 
 
 def promtool(*args, stdin=None):

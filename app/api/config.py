@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..loader.cpus.placement import parse_setting
+from ..loader.remote.settings import RemoteDecode
 from ..loader.plan.rank import Rank
 from ..loader.settings import MIN_WORKER_MEMORY, SHUFFLES, LoaderSettings
 from ..cache.mix import wait_for_layout
@@ -34,6 +35,13 @@ class ConfigError(ValueError):
 
 # Which subcommands show a setting: each setting belongs to one or more groups (see COMMANDS).
 GROUPS = ("data", "loader", "sampler", "job", "serve", "run", "process")
+
+
+def parse_remote(value: Any) -> str:
+    """The remote setting checked at start-up (the loader parses it again from the same string)."""
+    text = str(value).strip()
+    RemoteDecode.parse(text)
+    return "" if text.lower() in ("off", "none") else text
 
 
 def setting(default: Any, help: str, groups: str, *, parse: Callable[[Any], Any] | None = None,
@@ -101,6 +109,9 @@ class Config:
                                          "CPU lists as trainer=0-1;workers=2-15", "loader", parse=parse_setting)
     trainer_cores: int = setting(0, "with cpu_placement=auto, the cores the training process keeps (0: 2 where "
                                     "a rank has 8 cores or more, else 1)", "loader", minimum=0)
+    remote: str = setting("", "worker places decoded on a Ray cluster: ADDRESS[,places=N][,cpus=C][,fallback=local] "
+                              "(ADDRESS: auto or the head's host:6379; empty: all decoding here; needs "
+                              "feedline[ray])", "loader", parse=parse_remote)
     stall_timeout: float = setting(120.0, "seconds any stage of the loader's hand-off (the dispatcher thread, a "
                                           "worker's start, a transfer thread, the workers while the loop waits) "
                                           "may go without answering before the run stops with an error naming it",
@@ -340,7 +351,7 @@ class Config:
             decompress_dir=self.decompress_dir or None, equal_batches=self.equal_batches,
             min_shards=self.min_shards, wait_timeout=self.wait_timeout, max_member_bytes=self.max_member_bytes,
             worker_memory=self.worker_memory, rank=Rank.detect(local=True) if self.rank_scope == "local" else None,
-            cpu_placement=self.cpu_placement, trainer_cores=self.trainer_cores or None)
+            cpu_placement=self.cpu_placement, trainer_cores=self.trainer_cores or None, remote=self.remote or None)
 
     def sidecar_settings(self) -> SidecarSettings:
         return SidecarSettings(
@@ -367,7 +378,8 @@ class Config:
 COMPOSE_ENV = frozenset({
     "FEEDLINE_BASE_IMAGE", "FEEDLINE_BIND", "FEEDLINE_GPUS", "FEEDLINE_GRAFANA_PASSWORD", "FEEDLINE_GRAFANA_PORT",
     "FEEDLINE_IMAGE", "FEEDLINE_PROMETHEUS_IMAGE", "FEEDLINE_PROMETHEUS_PORT", "FEEDLINE_SAMPLER_MEMORY",
-    "FEEDLINE_SAMPLER_PORT", "FEEDLINE_SHM_SIZE", "FEEDLINE_TRAINER_PORT", "FEEDLINE_WORKSPACE"})
+    "FEEDLINE_SAMPLER_PORT", "FEEDLINE_SHM_SIZE", "FEEDLINE_TRAINER_PORT", "FEEDLINE_WORKSPACE",
+    "FEEDLINE_RAY_TOKEN", "FEEDLINE_RAY_DECODE_CPUS"})
 # Variables with the prefix that are not settings of this object (read elsewhere): the demo's, and compose's own
 # (.env.example), which a shell that ran `docker compose` may still export when it runs `feedline`.
 KNOWN_OTHER_ENV = frozenset({"FEEDLINE_DATA", "FEEDLINE_DEMO_SAMPLES"}) | COMPOSE_ENV

@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--small-samples", type=int, default=20000, help="3x64x64 samples in the small workload")
     p.add_argument("--video-samples", type=int, default=96, help="4 s H.264 videos in the video workload")
     p.add_argument("--workloads",
-                   default="raw,small,jpeg,captioned,video,scaling,sampler,distributed,e2e,shuffle,launch,placement")
+                   default="raw,small,jpeg,captioned,video,scaling,sampler,distributed,e2e,shuffle,launch,placement,remote")
     p.add_argument("--e2e-model", choices=("resnet50", "tiny"), default="resnet50",
                    help="e2e: the training step's model (tiny: a CPU check of the path, not a measurement)")
     p.add_argument("--e2e-steps", type=int, default=50, help="e2e: timed steps per run")

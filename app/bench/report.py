@@ -243,6 +243,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
             from .placement_section import markdown_lines as placement_lines
 
             lines += placement_lines(r["placement"])
+        if r.get("remote"):
+            from .remote_section import markdown_lines as remote_lines
+
+            lines += remote_lines(r["remote"])
         if r.get("cuda_copy"):
             cc = r["cuda_copy"]
             lines += [f"torch's own host-to-device copy here: pinned {cc['pinned_gb_per_s']:.1f} GB/s, "

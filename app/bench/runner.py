@@ -80,7 +80,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 results[workload] = {"sampler": _sampler_workload, "distributed": _distributed_workload,
                                      "scaling": _scaling_workload, "e2e": _e2e_workload,
                                      "shuffle": _shuffle_workload, "launch": _launch_workload,
-                                     "placement": _placement_workload}[workload](args, shm_root)
+                                     "placement": _placement_workload,
+                                     "remote": _remote_workload}[workload](args, shm_root)
                 continue
             if workload == "small":  # 3x64x64 samples: the training process's share a batch (issue 60)
                 src = _dataset("raw", args.small_samples, SMALL_BYTES, args.cache_dir)
@@ -132,6 +133,19 @@ def _placement_workload(args: argparse.Namespace, shm_root: str) -> dict[str, An
     shutil.copytree(src, dst, ignore=_PEER_DIRS)
     try:
         return placement_workload(args, os.path.join(dst, "*.tar"), _run_json)
+    finally:
+        shutil.rmtree(dst)
+
+
+def _remote_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
+    """Issue 70: JPEG decoded on the GPU node's CPU, and on a Ray node's beside it."""
+    from .remote_section import remote_workload
+
+    src = _dataset("jpeg", args.jpeg_samples, parse_size(args.sample_size), args.cache_dir)
+    dst = os.path.join(shm_root, "remote")
+    shutil.copytree(src, dst, ignore=_PEER_DIRS)
+    try:
+        return remote_workload(args, os.path.join(dst, "*.tar"), _run_json)
     finally:
         shutil.rmtree(dst)
 

@@ -7,7 +7,11 @@ from typing import Any
 
 from .report import targets
 
-SECTIONS = ("scaling", "sampler", "distributed", "e2e", "shuffle", "launch", "placement")  # a run's results beside its "workloads"
+SECTIONS = ("scaling", "sampler", "distributed", "e2e", "shuffle", "launch", "placement",
+            "remote")  # a run's results beside its "workloads"
+# kept whole until a run makes them again: scripts/gpu-check's record (a run of its own), and the jpeg workload's
+# instruction count (callgrind, in a full run only)
+KEPT_WHOLE = ("gpu_check", "bookkeeping")
 
 
 def _sections(results: dict[str, Any]) -> dict[str, str]:
@@ -21,8 +25,9 @@ def keep_earlier_sections(earlier: dict[str, Any] | None, results: dict[str, Any
     run, each with the date it ran (``ran``), when both ran with the same settings; the targets are checked again
     over the whole."""
     same = ("workers", "batch_size", "seconds", "rounds", "quick")
-    if earlier and earlier.get("gpu_check") and not results.get("gpu_check"):
-        results["gpu_check"] = earlier["gpu_check"]  # scripts/gpu-check's record: a run of its own, kept whole
+    for whole in KEPT_WHOLE:
+        if earlier and earlier.get(whole) and not results.get(whole):
+            results[whole] = earlier[whole]
     if not earlier or any(earlier.get("settings", {}).get(k) != results["settings"][k] for k in same):
         results["ran"] = _sections(results)
         return results

@@ -238,6 +238,10 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
         from .placement_section import placement_targets
 
         out += placement_targets(results["placement"])
+    if results.get("remote"):
+        from .remote_section import remote_targets
+
+        out += remote_targets(results["remote"])
     cc = results.get("cuda_copy")
     if cc and raw:
         row = raw["feedline (copy)"]

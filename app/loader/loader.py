@@ -52,6 +52,8 @@ from .plan.rank import Rank
 from .plan.resume import RANKS_FORMAT, Cursor, Resume, differing, make_state, own_state, plan_resume, saved_workers
 from .plan.sources import MixedSource, PathSource, ShardSource
 from .ring.batch_ring import BatchRing, RingHandle, RingLayout, check_ring_memory
+from .remote.cluster import remote_setup
+from .remote.settings import RemoteDecode
 from .ring.kept import KeptBatches
 from .settings import DEFAULT_MAX_MEMBER_BYTES, STANDIN, DeviceDecode, LoaderSettings, unknown_argument
 from .stats import LoaderStats, StatsRecorder
@@ -128,6 +130,7 @@ class StagingLoader:
         worker_memory: int = 0,
         cpu_placement: str = "auto",
         trainer_cores: int | None = None,
+        remote: RemoteDecode | str | None = None,
         **unknown: Any,
     ):
         if unknown:
@@ -141,7 +144,7 @@ class StagingLoader:
             side_bytes=side_bytes, decompress_dir=decompress_dir, equal_batches=equal_batches,
             start_method=start_method, rank=rank, starvation_window=starvation_window, min_shards=min_shards,
             wait_timeout=wait_timeout, device_decode=device_decode, max_member_bytes=max_member_bytes,
-            worker_memory=worker_memory, cpu_placement=cpu_placement, trainer_cores=trainer_cores)
+            worker_memory=worker_memory, cpu_placement=cpu_placement, trainer_cores=trainer_cores, remote=remote)
         self.standin = s.device == STANDIN  # the device path on the CPU, against a stand-in (device/standin.py)
         self.device = torch.device("cpu" if self.standin else s.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -226,8 +229,11 @@ class StagingLoader:
             if on_device:
                 p.gpu = (StandInGpu(self._cost) if self.standin else CudaGpu(self.device, self._cost))
                 p.gpu.pin(p.ring.memory)
+            remote_json, remote_places = remote_setup(  # refused, or fallen back from, before a worker starts
+                s.remote, int(s.workers), len(self.placement.worker_cpus) if self.placement.placed
+                else len(os.sched_getaffinity(0)), first)
             setup = WorkerSetup(RingHandle.of(p.ring), s.shuffle_buffer if s.shuffle else 0, s.drop_last,
-                                logging.getLogger("feedline").getEffectiveLevel(), s.block)
+                                logging.getLogger("feedline").getEffectiveLevel(), s.block, remote_json, remote_places)
             stats, slots = self._stats, s.slots
             p.pin(self.placement)  # the training process's threads on its cores (its workers' are theirs)
             p.pool = WorkerPool(p.ring, p.launcher, setup.to_json(), s.workers, stats,

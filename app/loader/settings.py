@@ -20,6 +20,9 @@ from ..formats.bounds import DEFAULT_MAX_MEMBER_BYTES  # one member, stored or d
 from .cpus.placement import check_setting
 from .device.decode_settings import DeviceDecode
 from .plan.rank import Rank
+from .remote.cluster import ray_installed
+from .remote.settings import INSTALL as RAY_INSTALL
+from .remote.settings import RemoteDecode
 from .tune import autotune
 from .tune.autotune import AUTO
 
@@ -110,6 +113,7 @@ class LoaderSettings:
     worker_memory: int = 0  # bytes of private resident memory a worker may hold before it is replaced (0: no ceiling)
     cpu_placement: str = "auto"  # "auto", "off", or "trainer=0-1;workers=2-15" (cpus/placement.py)
     trainer_cores: int | None = None  # cores the training process keeps ("auto" placement); None: 2 from 8 cores
+    remote: RemoteDecode | None = None  # worker places decoded on a Ray cluster (remote/): a RemoteDecode or its string
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -186,6 +190,13 @@ class LoaderSettings:
         if decode is False:
             set_(self, "device_decode", None)
         set_(self, "cpu_placement", check_setting(self.cpu_placement))
+        set_(self, "remote", RemoteDecode.parse(self.remote))
+        if self.remote is not None and not ray_installed():
+            raise SettingError("remote", f"remote decoding runs on Ray, which is not installed here: {RAY_INSTALL}")
+        if self.remote is not None and self.workers == AUTO:
+            raise SettingError("remote", "needs a number of workers (the plan's worker places, some decoded "
+                                         "remotely), not workers='auto': set workers, e.g. to the local decode "
+                                         "CPUs plus the actors the cluster gives")
         if self.trainer_cores is not None:
             set_(self, "trainer_cores", _int("trainer_cores", self.trainer_cores, 1))
         for name in ("zero_copy", "in_order", "drop_last"):

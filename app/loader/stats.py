@@ -34,6 +34,8 @@ RESTART_REASONS = ("crashed", "stalled", "memory")
 
 QUEUES = ("free", "decoded", "device")
 BYTE_STAGES = ("read", "decoded", "transferred")
+PLACES = ("local", "remote")  # feedline_batches_decoded_total{place}: a worker process, or a Ray actor (remote/)
+DIRECTIONS = ("sent", "received")  # feedline_remote_bytes_total{direction}: encoded samples out, slots back
 # Seconds; from a fast local queue hand-off up to a stalled remote store.
 TIME_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -110,6 +112,9 @@ class LoaderStats:
     sample_errors_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_REASONS, 0))
     worker_restarts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESTART_REASONS, 0))
     decode_seconds_total: float = 0.0
+    batches_decoded_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PLACES, 0))
+    remote_redone_batches_total: int = 0
+    remote_bytes_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
     kept_batches_copied_total: int = 0
     epoch: int = -1
 
@@ -158,13 +163,20 @@ class StatsRecorder:
         with self._lock:
             return self._s.data_wait_seconds_total, self._s.step_seconds_total
 
-    def batch_done(self, samples: int, read: int, decoded: int, decode_ns: int, errors: tuple[int, ...]) -> None:
+    def batch_done(self, samples: int, read: int, decoded: int, decode_ns: int, errors: tuple[int, ...],
+                   remote: int = 0, redone: int = 0, sent: int = 0, received: int = 0) -> None:
         with self._lock:
             s = self._s
             s.samples_total += samples
             s.bytes_total["read"] += read
             s.bytes_total["decoded"] += decoded
             s.decode_seconds_total += decode_ns / 1e9
+            if samples:
+                s.batches_decoded_total[PLACES[remote]] += 1
+            if remote:  # a remote worker place's batch (remote/proxy.py)
+                s.remote_redone_batches_total += redone
+                s.remote_bytes_total["sent"] += sent
+                s.remote_bytes_total["received"] += received
             if any(errors):  # almost never: the per-reason work is skipped
                 for reason, n in zip(ERROR_REASONS, errors):
                     s.sample_errors_total[reason] += n
@@ -175,7 +187,10 @@ class StatsRecorder:
             s = self._s
             now = {"data_wait_seconds_total": s.data_wait_seconds_total, "step_seconds_total": s.step_seconds_total,
                    "samples_total": float(s.samples_total),
+                   "remote_redone_batches_total": float(s.remote_redone_batches_total),
                    **{f"bytes_total:{k}": float(v) for k, v in s.bytes_total.items()},
+                   **{f"batches_decoded_total:{k}": float(v) for k, v in s.batches_decoded_total.items()},
+                   **{f"remote_bytes_total:{k}": float(v) for k, v in s.remote_bytes_total.items()},
                    **{f"sample_errors_total:{k}": float(v) for k, v in s.sample_errors_total.items()}}
             pushed, self._pushed = self._pushed, now
             waits, self._waits = self._waits, []
@@ -188,6 +203,10 @@ class StatsRecorder:
                     sink.inc(name, delta)
                 elif name == "bytes_total":
                     sink.inc(name, delta, stage=label)
+                elif name == "batches_decoded_total":
+                    sink.inc(name, delta, place=label)
+                elif name == "remote_bytes_total":
+                    sink.inc(name, delta, direction=label)
                 else:
                     sink.inc(name, delta, reason=label)
         for wait in waits:
@@ -289,6 +308,9 @@ class StatsRecorder:
                 sample_errors_total=dict(s.sample_errors_total),
                 worker_restarts=dict(s.worker_restarts),
                 decode_seconds_total=s.decode_seconds_total,
+                batches_decoded_total=dict(s.batches_decoded_total),
+                remote_redone_batches_total=s.remote_redone_batches_total,
+                remote_bytes_total=dict(s.remote_bytes_total),
                 kept_batches_copied_total=s.kept_batches_copied_total,
                 epoch=s.epoch,
             )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .. import __version__
 from ..loader.cost import THREAD_ROLES
-from ..loader.stats import BYTE_STAGES, ERROR_REASONS, QUEUES, RESTART_REASONS, TIME_BUCKETS
+from ..loader.stats import BYTE_STAGES, DIRECTIONS, ERROR_REASONS, PLACES, QUEUES, RESTART_REASONS, TIME_BUCKETS
 from ..sampler.errors import FETCH_ERRORS
 
 PREFIX = "feedline_"
@@ -50,6 +50,12 @@ LOADER: tuple[MetricDef, ...] = (
     MetricDef("kept_batches_copied_total", "counter", "Batches copied out of the ring because the training loop "
               "still held them (copy mode on a CPU host; a loop that keeps nothing copies nothing)."),
     MetricDef("samples_total", "counter", "Samples decoded into the batch ring."),
+    MetricDef("batches_decoded_total", "counter", "Batches decoded into the batch ring, by place: a local worker "
+              "process, or a Ray actor of the remote decode cluster (remote=).", "place", PLACES),
+    MetricDef("remote_redone_batches_total", "counter", "Remote batches sent again to a new actor after theirs was "
+              "lost (killed, its node gone): decoded once more, delivered once."),
+    MetricDef("remote_bytes_total", "counter", "Bytes between this node and its remote decode actors: encoded "
+              "samples sent, batch slots received.", "direction", DIRECTIONS),
     MetricDef("bytes_total", "counter", "Bytes per stage: read from shards, decoded into the ring, transferred "
               "to the loop.", "stage", BYTE_STAGES),
     MetricDef("h2d_seconds", "histogram", "Host-to-device copy time of a batch, sampled (one batch in 16 with "

@@ -118,6 +118,13 @@ ROWS: list[tuple[str, list[Panel]]] = [
               [Query(_rate("feedline_worker_restarts_total", "reason"), "{{reason}}")]),
         Panel("Sample errors by reason", "Samples skipped (and counted) per second, by reason; the trainer logs "
               "each shard and key.", "short", [Query(_rate("feedline_sample_errors_total", "reason"), "{{reason}}")]),
+        Panel("Batches by place", "Batches decoded per second by local worker processes and by the Ray actors "
+              "of remote decoding (remote=), and remote batches sent again to a new actor after theirs was lost "
+              "(each still delivered once). Remote falling to 0 mid-run: the cluster is gone, local carries on.",
+              "short", [Query(_rate("feedline_batches_decoded_total", "place"), "{{place}}"),
+                        Query(_rate("feedline_remote_redone_batches_total"), "redone")]),
+        Panel("Remote decode traffic", "Bytes per second to the decode actors (encoded samples) and back (batch "
+              "slots).", "Bps", [Query(_rate("feedline_remote_bytes_total", "direction"), "{{direction}}")]),
     ]),
     ("Cache (sampler sidecar)", [
         Panel("Cache bytes vs budget", "Published shard bytes in the cache, the budget they never exceed, and "

@@ -24,7 +24,7 @@ END = b"N"  # worker -> parent: stream exhausted, slot returned unused
 FATAL = b"X"  # worker -> parent: JSON {"message"}: cannot go on
 
 _FILL = struct.Struct("<III")
-_RESULT = struct.Struct("<IIIIqQQQ" + "I" * len(ERROR_REASONS))
+_RESULT = struct.Struct("<IIIIqQQQBIQQ" + "I" * len(ERROR_REASONS))
 
 
 def encode_epoch(plan: WorkerPlan) -> bytes:
@@ -56,17 +56,22 @@ class BatchResult(NamedTuple):
     read_bytes: int
     decoded_bytes: int
     errors: tuple[int, ...]
+    remote: int = 0  # 1: decoded by a remote actor (remote/), 0: in this worker process
+    redone: int = 0  # times the batch was decoded again after a remote actor was lost
+    sent: int = 0  # bytes of encoded samples sent to a remote actor
+    received: int = 0  # bytes of slots received from it
 
     def encode(self) -> bytes:
         return self.kind + _RESULT.pack(
             self.epoch, self.slot, self.batch, self.samples, self.stream_pos,
-            self.decode_ns, self.read_bytes, self.decoded_bytes, *self.errors,
+            self.decode_ns, self.read_bytes, self.decoded_bytes, self.remote, self.redone,
+            self.sent, self.received, *self.errors,
         )
 
     @classmethod
     def decode(cls, msg: bytes) -> "BatchResult":
         v = _RESULT.unpack_from(msg, 1)
-        return cls(msg[:1], *v[:8], v[8:])
+        return cls(msg[:1], *v[:8], v[12:], *v[8:12])
 
 
 def encode_fatal(message: str) -> bytes:

@@ -299,7 +299,8 @@ class WorkerPool(Dispatcher):
         r = BatchResult.decode(msg)
         if not self._scheduler.on_result(w, r):
             return
-        self._stats.batch_done(r.samples, r.read_bytes, r.decoded_bytes, r.decode_ns, r.errors)
+        self._stats.batch_done(r.samples, r.read_bytes, r.decoded_bytes, r.decode_ns, r.errors, r.remote, r.redone,
+                               r.sent, r.received)
         if r.kind == DONE:
             self._supervisor.progressed(w)
         if self._scheduler.errors:

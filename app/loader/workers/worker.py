@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import faulthandler
 import hashlib
+import importlib
 import logging
 import os
 import random
@@ -24,11 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from ...formats.decoders import DecodeError, Decoder, MemberTooLarge
+from ...formats.decoders import Decoder
 from ...formats.images import own_pillow
-from ..layout.sample import FieldSelection, load_sample
-from ..layout.side import SideWriter
-from ..layout.spec import SampleRejected, fill
+from ..layout.sample import FieldSelection
 from ..plan.epoch_plan import WorkerPlan
 from ..plan.seeding import reseed, sample_seed
 from ..plan.stream import SampleRef, ShardProblem, open_ahead, sample_stream
@@ -47,11 +46,12 @@ from .messages import (
     decode_fill,
     encode_fatal,
 )
+from .sample_writer import SampleWriter, rejection
 
 log = logging.getLogger("feedline.worker")
 _REASON = {r: i for i, r in enumerate(ERROR_REASONS)}
 _LOG_FIRST = 5  # per reason and epoch; the counters carry the rest
-_RAISE_BOUND = "raise FEEDLINE_MAX_MEMBER_BYTES / --max-member-bytes if this data is meant"
+REMOTE_PROXY = "feedline.loader.remote.proxy"  # the worker of a place decoded on a Ray cluster
 
 
 @dataclass(frozen=True)
@@ -72,15 +72,18 @@ class WorkerSetup:
     drop_last: bool
     log_level: int
     shuffle_block: int = 0  # > 0: the epoch shuffle, this many shards permuted at once (stream.block_order)
+    remote: dict[str, Any] | None = None  # a RemoteDecode's JSON (address resolved): remote/proxy.py
+    remote_places: tuple[int, ...] = ()  # the worker places decoded by it
 
     def to_json(self) -> dict[str, Any]:
         return {"ring": self.ring.to_json(), "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last,
-                "log_level": self.log_level, "shuffle_block": self.shuffle_block}
+                "log_level": self.log_level, "shuffle_block": self.shuffle_block, "remote": self.remote,
+                "remote_places": list(self.remote_places)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "WorkerSetup":
         return cls(RingHandle.from_json(d["ring"]), d["shuffle_buffer"], d["drop_last"], d["log_level"],
-                   int(d.get("shuffle_block", 0)))
+                   int(d.get("shuffle_block", 0)), d.get("remote"), tuple(d.get("remote_places", ())))
 
 
 @dataclass
@@ -156,19 +159,12 @@ class Worker:
         self.ring: BatchRing = args.setup.ring.attach()
         self.status = self.ring.status[args.worker_id]
         self.status_key = self.ring.status_keys[args.worker_id]
-        layout = self.ring.layout
-        self.fields = layout.fields
-        self.side = SideWriter(layout.side_fields, layout.side_bytes)
-        self.sources = layout.spec.sources
-        self.wanted = self.sources if args.code.transform is None else None
-        # the members of array fields, which a slot's write reads once: with no transform between, a Parquet row
-        # hands them over as views (a source also read by a side field is not among them)
-        slotted = {f.source for f in self.fields} - {f.source for f in layout.side_fields}
-        views = args.code.selection.sources_of(slotted) if args.code.transform is None else ()
-        self.views = frozenset(views)
-        self.reseed = args.code.transform is not None  # only a transform draws: plain decoding costs nothing
+        self.writer = SampleWriter(self.ring.layout, args.code)
         self.epoch: _Epoch | None = None
         self.inherited = dict(args.shard_fds)  # a replacement's: the dead worker's epoch's shards (held.py)
+
+    def close(self) -> None:
+        """What the process holds beside its ring (a remote place's actor)."""
 
     def _drop_inherited(self) -> None:
         for fd in self.inherited.values():
@@ -191,30 +187,32 @@ class Worker:
                 else:
                     conn.send_bytes(self._fill(slot, batch).encode())
             elif kind == EPOCH:
-                if self.epoch is not None:
-                    self.epoch.close()
-                self.epoch = _Epoch(decode_epoch(msg), self.setup.shuffle_buffer, self.status, self.inherited,
-                                    self.setup.shuffle_block)
-                self._drop_inherited()  # what they were for is open now (dups), or another epoch's
+                self._new_epoch(msg)
             elif kind == STOP:
                 return
 
-    def _result(self, kind: bytes, epoch: int, slot: int, batch: int, n: int, errors: list[int],
-                decode_ns: int = 0, read_bytes: int = 0, decoded_bytes: int = 0) -> BatchResult:
-        pos = self.epoch.pos if self.epoch is not None else 0
-        return BatchResult(kind, epoch, slot, batch, n, pos, decode_ns, read_bytes, decoded_bytes, tuple(errors))
+    def _new_epoch(self, msg: bytes) -> None:
+        """An EPOCH command: the plan's stream from its resume position; an earlier epoch is abandoned."""
+        if self.epoch is not None:
+            self.epoch.close()
+        self.epoch = _Epoch(decode_epoch(msg), self.setup.shuffle_buffer, self.status, self.inherited,
+                            self.setup.shuffle_block)
+        self._drop_inherited()  # what they were for is open now (dups), or another epoch's
 
-    def _fill(self, slot: int, batch: int) -> BatchResult:
+    def _result(self, kind: bytes, epoch: int, slot: int, batch: int, n: int, errors: list[int],
+                decode_ns: int = 0, read_bytes: int = 0, decoded_bytes: int = 0,
+                remote: tuple[int, int, int, int] = (0, 0, 0, 0), pos: int | None = None) -> BatchResult:
+        if pos is None:
+            pos = self.epoch.pos if self.epoch is not None else 0
+        return BatchResult(kind, epoch, slot, batch, n, pos, decode_ns, read_bytes, decoded_bytes, tuple(errors),
+                           *remote)
+
+    def _take(self, errors: list[int]) -> SampleRef | None:
+        """The stream's next sample to decode, or None at its end; shard problems and samples that crashed a
+        worker twice are counted in ``errors`` on the way."""
         ep = self.epoch
         assert ep is not None
-        views = self.ring.slot(slot)
-        status, status_key = self.status, self.status_key
-        batch_size = self.ring.layout.batch_size
-        errors = [0] * len(ERROR_REASONS)
-        n = read_bytes = decoded_bytes = 0
-        self.side.begin()
-        t0 = time.perf_counter_ns()
-        while n < batch_size and not ep.done:
+        while not ep.done:
             item = next(ep.stream, None)
             if item is None:
                 ep.done = True
@@ -223,60 +221,86 @@ class Worker:
                 errors[_REASON[item.reason]] += 1
                 ep.note(item.reason, item.message)
                 continue
-            pos = item.pos
-            ep.pos = pos + 1
-            if pos in ep.poison:
+            ep.pos = item.pos + 1
+            if item.pos in ep.poison:
                 item.shard.release()
                 errors[_REASON["worker_crash"]] += 1
                 ep.note("worker_crash", f"{item.shard.path} sample {item.sample.key!r} crashed a worker twice; skipped")
                 continue
-            status[:] = (ep.epoch, pos, item.shard.ordinal, item.index)
-            key = item.sample.key.encode()[: STATUS_KEY_BYTES - 1]
-            status_key[: len(key) + 1] = np.frombuffer(key + b"\0", np.uint8)
-            if self.reseed:
-                reseed(sample_seed(ep.seed, ep.number, item.shard.path, item.sample.key,
-                                   ep.repeats[item.shard.ordinal] if ep.repeats else 0))
+            return item
+        return None
+
+    def _in_hand(self, item: SampleRef) -> None:
+        """The sample now decoding, in the status table: what the trainer names if this process dies or stalls."""
+        ep = self.epoch
+        assert ep is not None
+        self.status[:] = (ep.epoch, item.pos, item.shard.ordinal, item.index)
+        key = item.sample.key.encode()[: STATUS_KEY_BYTES - 1]
+        self.status_key[: len(key) + 1] = np.frombuffer(key + b"\0", np.uint8)
+
+    def _fill(self, slot: int, batch: int, replay: tuple[SampleRef, ...] = (),
+              errors: list[int] | None = None) -> BatchResult:
+        """Decode the next batch into ``slot`` here; ``replay``: samples already taken from the stream for this
+        batch (a remote decode that was lost), decoded first, with ``errors`` counted while taking them."""
+        ep = self.epoch
+        assert ep is not None
+        views = self.ring.slot(slot)
+        batch_size = self.ring.layout.batch_size
+        errors = [0] * len(ERROR_REASONS) if errors is None else errors
+        n = read_bytes = decoded_bytes = 0
+        pending = list(replay)
+        pending.reverse()
+        self.writer.begin()
+        t0 = time.perf_counter_ns()
+        while n < batch_size:
+            item = pending.pop() if pending else self._take(errors)
+            if item is None:
+                break
+            self._in_hand(item)
+            if self.writer.reseed:
+                reseed(self._seed_of(item))
             try:
                 r, d = self._write_sample(item, views, n)
                 read_bytes += r
                 decoded_bytes += d
                 n += 1
-            except SampleRejected as exc:
-                errors[_REASON[exc.reason]] += 1
-                ep.note(exc.reason, f"{item.shard.path} sample {item.sample.key!r}: {exc}; skipped")
-            except MemberTooLarge as exc:  # refused before its memory was taken (formats/bounds.py)
-                errors[_REASON["member_too_large"]] += 1
-                ep.note("member_too_large", f"{item.shard.path} sample {item.sample.key!r}: {exc}; skipped "
-                                            f"({_RAISE_BOUND})")
-            except DecodeError as exc:
-                errors[_REASON["corrupt"]] += 1
-                ep.note("corrupt", f"{item.shard.path} sample {item.sample.key!r}: {exc}; skipped")
-            except Exception as exc:  # a decoder or the user's transform failed on this sample
-                errors[_REASON["corrupt"]] += 1
-                ep.note("corrupt", f"{item.shard.path} sample {item.sample.key!r}: {type(exc).__name__}: {exc}; "
-                                   f"skipped")
+            except Exception as exc:
+                reason, text = rejection(exc)
+                errors[_REASON[reason]] += 1
+                ep.note(reason, f"{item.shard.path} sample {item.sample.key!r}: {text}")
             finally:
                 item.shard.release()
-                status[1] = IDLE
+                self.status[1] = IDLE
+        for item in pending:  # a full batch before the replay's end cannot happen (the same samples, the same
+            item.shard.release()  # verdicts), but a taken sample is never left unreleased
         elapsed = time.perf_counter_ns() - t0
-        if n == 0 or (n < batch_size and self.setup.drop_last):
-            return self._result(END, ep.epoch, slot, batch, 0, errors, elapsed, read_bytes, 0)
-        return self._result(DONE, ep.epoch, slot, batch, n, errors, elapsed, read_bytes, decoded_bytes)
+        return self._finish(slot, batch, n, errors, elapsed, read_bytes, decoded_bytes)
+
+    def _finish(self, slot: int, batch: int, n: int, errors: list[int], elapsed: int, read_bytes: int,
+                decoded_bytes: int, remote: tuple[int, int, int, int] = (0, 0, 0, 0),
+                pos: int | None = None) -> BatchResult:
+        """The batch's result; ``remote``: (decoded remotely, times redone, bytes sent, bytes received); ``pos``:
+        the stream position after it (default: the stream's now; a remote place reads ahead of its batches)."""
+        ep = self.epoch
+        assert ep is not None
+        if n == 0 or (n < self.ring.layout.batch_size and self.setup.drop_last):
+            return self._result(END, ep.epoch, slot, batch, 0, errors, elapsed, read_bytes, 0, remote, pos)
+        return self._result(DONE, ep.epoch, slot, batch, n, errors, elapsed, read_bytes, decoded_bytes, remote, pos)
+
+    def _seed_of(self, item: SampleRef) -> int:
+        ep = self.epoch
+        assert ep is not None
+        return sample_seed(ep.seed, ep.number, item.shard.path, item.sample.key,
+                           ep.repeats[item.shard.ordinal] if ep.repeats else 0)
+
+    def _source_of(self, item: SampleRef) -> str | None:
+        labels = self.epoch.labels if self.epoch is not None else ()
+        return labels[item.shard.ordinal] if labels else None
 
     def _write_sample(self, item: SampleRef, views: dict[str, Any], i: int) -> tuple[int, int]:
         data = item.shard.view()
-        labels = self.epoch.labels if self.epoch is not None else ()
-        source = labels[item.shard.ordinal] if labels else None
         try:
-            sample, read = load_sample(data, item.shard.path, item.sample, self.code.decoder,
-                                       self.code.selection, self.wanted, self.code.transform, self.sources, source,
-                                       self.views)
-            written = 0
-            for f in self.fields:
-                written += fill(f, views[f.name], sample[f.source], views.get(f.length_name), i)
-            written += self.side.write(views, i, item.sample.key, sample, source)  # last: packs, no gaps on a reject
-            sample.clear()
-            return read, written
+            return self.writer.write(data, item.shard.path, item.sample, views, i, self._source_of(item))
         finally:
             data.release()
 
@@ -288,7 +312,14 @@ def worker_main(args: WorkerArgs) -> None:
         level=args.setup.log_level, stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s feedline.worker[{args.worker_id}] %(message)s",
     )
-    worker = Worker(args)
+    setup = args.setup
+    if setup.remote is not None and args.worker_id in setup.remote_places:
+        # remote/ builds on this stage (its proxy is a Worker): named, not imported, so imports run one way; it
+        # imports Ray, in a proxy process only
+        proxy = importlib.import_module(REMOTE_PROXY)
+        worker: Worker = proxy.RemoteWorker(args, proxy.RemoteDecode.from_json(setup.remote))
+    else:
+        worker = Worker(args)
     try:
         worker.serve()
     except Exception as exc:
@@ -298,6 +329,7 @@ def worker_main(args: WorkerArgs) -> None:
         except OSError:
             pass
     finally:
+        worker.close()
         worker.ring.close()
         faulthandler.unregister(STACK_SIGNAL)
         os.close(args.stack_fd)

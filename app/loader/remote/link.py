@@ -1,0 +1,216 @@
+"""A proxy's link to the Ray cluster: its connection, its one decode actor, and what happens when either is lost.
+
+The proxy process (not the training process) is the Ray driver: it owns its actor, which Ray ends with it, so
+a loader that closes or dies leaves nothing running on the decode nodes. An actor lost mid-batch (its process
+killed, its node gone) is replaced and the batch's chunks are sent to the new one again: the same bytes and
+seeds give the same rows, so nothing is lost or delivered twice; ``redone`` counts it. A cluster that cannot
+give a new actor within ``connect_timeout`` is given up for good: the proxy decodes its place locally from
+then on (the caller's fallback).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .cluster import answers
+from .settings import RemoteDecode
+
+log = logging.getLogger("feedline.remote")
+
+CALL_TIMEOUT = 120.0  # seconds one chunk may take on an actor before it counts as lost
+ATTEMPTS = 3  # actors tried for one batch before the cluster counts as gone
+
+
+class Lost(Exception):
+    """The cluster cannot decode for this place any more: decode it locally."""
+
+
+class Pending(NamedTuple):
+    """A chunk sent: the answer to come, and which of the place's actors owes it."""
+
+    ref: Any
+    generation: int
+
+
+class Answer:
+    """What an actor returned for one chunk, checked: its verdicts and the slot's bytes."""
+
+    def __init__(self, record: dict[str, Any], slot: np.ndarray):
+        self.rows: int = record["rows"]
+        self.failed: list[tuple[int, str, str]] = [(int(i), str(r), str(t)) for i, r, t in record["failed"]]
+        self.read: int = record["read"]
+        self.written: int = record["written"]
+        self.decode_ns: int = record["decode_ns"]
+        self.slot = slot
+
+
+class ActorLink:
+    """The Ray connection and the decode actor of one worker place."""
+
+    def __init__(self, remote: RemoteDecode, place: int, code: Any, ring: dict[str, Any], slot_bytes: int):
+        import ray  # here, in the proxy process only: the training process never imports Ray
+
+        self._ray = ray
+        self.remote = remote
+        self.place = place
+        self.slot_bytes = slot_bytes
+        self._code = code
+        self._ring = ring
+        self._actor: Any = None
+        self.pid: int | None = None
+        self.generation = 0  # counts the actors started: an answer owed by an earlier one is asked again
+        problem = answers(remote.address, remote.connect_timeout)
+        if problem is not None:
+            raise Lost(f"no Ray cluster answers at {remote.address} ({problem})")
+        _code_by_value(code)
+        if not ray.is_initialized():
+            ray.init(address=remote.address, namespace="feedline", log_to_driver=False,
+                     logging_level=logging.WARNING, configure_logging=False)
+        from .actor import DecodeActor
+
+        self._actor_class = ray.remote(DecodeActor)
+        self._start()
+
+    def _start(self) -> None:
+        """A new actor (asked for now; ``_ready`` waits for it)."""
+        self.generation += 1
+        self._actor = self._actor_class.options(num_cpus=self.remote.cpus, max_restarts=0, max_task_retries=0,
+                                                name=None, scheduling_strategy="SPREAD").remote(self._code, self._ring)
+        self.pid = None
+
+    def _ready(self) -> None:
+        if self.pid is None:
+            self.pid = self._ray.get(self._actor.ready.remote(), timeout=self.remote.connect_timeout)
+
+    def submit(self, token: int, chunks: list[tuple[int, bytes, np.ndarray]]) -> "Pending | None":
+        """Send the last of batch ``token``'s ``chunks`` to the actor, not waiting; None when it could not be sent
+        (``wait`` sends the batch again)."""
+        try:
+            start, index, blob = chunks[-1]
+            return Pending(self._actor.decode.remote(token, start, index, blob), self.generation)
+        except Exception:  # an actor handle that is gone: wait() finds out and replaces it
+            log.debug("remote: a chunk could not be sent", exc_info=True)
+            return None
+
+    def ready(self, pending: "Pending | None") -> bool:
+        """The answer is in (or nothing was sent: ``wait`` will not wait on the actor for it)."""
+        if pending is None:
+            return True
+        done, _ = self._ray.wait([pending.ref], timeout=0)
+        return bool(done)
+
+    def wait(self, pending: "Pending | None", token: int,
+             chunks: list[tuple[int, bytes, np.ndarray]]) -> tuple[Answer, int]:
+        """The answer to batch ``token``'s last chunk; (it, the times the batch had to be sent to a new actor,
+        all its chunks again). ``Lost`` when the cluster cannot decode it."""
+        ray = self._ray
+        from ray.exceptions import GetTimeoutError, RayError
+
+        redone = 0
+        for attempt in range(ATTEMPTS):
+            try:
+                if pending is None:  # the batch, every chunk of it, to the actor there is now
+                    self._ready()
+                    for start, index, blob in chunks[:-1]:
+                        ray.get(self._actor.decode.remote(token, start, index, blob), timeout=CALL_TIMEOUT)
+                    pending = self.submit(token, chunks)
+                    if pending is None:
+                        raise RuntimeError("the actor took no call")
+                elif pending.generation == self.generation:
+                    self._ready()  # an actor that never starts (no free CPUs) is lost after connect_timeout
+                return self._check(ray.get(pending.ref, timeout=CALL_TIMEOUT)), redone
+            except (RayError, GetTimeoutError, RuntimeError) as exc:
+                if isinstance(exc, RuntimeError) and str(exc).startswith("a decode actor answered"):
+                    raise
+                if pending is None or pending.generation == self.generation:  # this actor is lost now
+                    self._replace(exc, attempt)
+                pending = None
+                redone += 1
+        raise Lost(f"{ATTEMPTS} decode actors in a row were lost")
+
+    def _replace(self, exc: BaseException, attempt: int) -> None:
+        log.warning("remote: worker place %d lost its decode actor%s (%s: %s)", self.place,
+                    f" (pid {self.pid})" if self.pid else "", type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "")
+        self._kill()
+        gone = answers(self.remote.address, 1.0)
+        if gone is not None:  # not an actor: the cluster itself
+            raise Lost(f"the Ray cluster at {self.remote.address} no longer answers ({gone})") from None
+        if attempt + 1 >= ATTEMPTS:
+            raise Lost(f"{ATTEMPTS} decode actors in a row were lost")
+        self._start()
+
+    def _check(self, answer: Any) -> Answer:
+        """Only bytes and a uint8 array of a slot's size are taken from an actor."""
+        if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], bytes)
+                and isinstance(answer[1], np.ndarray) and answer[1].dtype == np.uint8
+                and answer[1].shape == (self.slot_bytes,)):
+            raise RuntimeError(f"a decode actor answered {type(answer).__name__}, not (bytes, a slot's uint8 array): "
+                               f"do the training node and the decode nodes run the same feedline?")
+        import json
+
+        return Answer(json.loads(answer[0]), answer[1])
+
+    def _kill(self) -> None:
+        if self._actor is not None:
+            try:
+                self._ray.kill(self._actor, no_restart=True)
+            except Exception:  # already gone, or the cluster is
+                pass
+            self._actor = None
+
+    def abandon(self) -> None:
+        """Leave a cluster that is gone: its connection closes in the background (``ray.shutdown`` waits 5 s on
+        a dead cluster; the batch in hand is decoded here meanwhile)."""
+        import threading
+
+        self._actor = None
+        threading.Thread(target=self.close, name="feedline-ray-shutdown", daemon=True).start()
+
+    def close(self) -> None:
+        """End the actor and this process's connection to the cluster."""
+        self._kill()
+        try:
+            self._ray.shutdown()
+        except Exception:
+            log.debug("remote: ray.shutdown failed", exc_info=True)
+
+
+def _code_by_value(code: Any) -> None:
+    """The user's functions travel to the actor by value when they live in the training script or in a module of
+    theirs (which the decode nodes do not have); installed packages travel by name, as Ray does."""
+    import pickle
+
+    from ray import cloudpickle
+
+    modules: set[str] = set()
+
+    class Recorder(pickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, type) or callable(obj) and hasattr(obj, "__code__"):
+                name = getattr(obj, "__module__", None)
+                if name:
+                    modules.add(name)
+            return NotImplemented
+
+    import io
+
+    try:
+        Recorder(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(code)
+    except Exception:  # the launcher pickled it already; what cannot be recorded travels as Ray decides
+        return
+    for name in modules:
+        module = sys.modules.get(name)
+        if module is None or name.split(".")[0] in ("feedline", "builtins", "numpy", "torch", "PIL"):
+            continue
+        path = getattr(module, "__file__", None) or ""
+        if name in ("__main__", "__mp_main__") or ("site-packages" not in path and "dist-packages" not in path
+                                                   and not path.startswith(sys.base_prefix)):
+            try:
+                cloudpickle.register_pickle_by_value(module)
+            except (ValueError, TypeError):
+                pass

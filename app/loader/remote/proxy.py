@@ -1,0 +1,257 @@
+"""A worker place decoded on a Ray cluster: a worker process that reads, a remote actor that decodes.
+
+The proxy is an ordinary worker process of the pool (same pipe, same ring slots, same status table, same
+replacement when it dies), so the plan, the order, the resume positions and the failure budget are the local
+ones by construction. Per batch it takes the samples its stream gives, sends their encoded bytes and seeds to
+its actor, takes more if some were bad (the verdicts come back), and copies the finished slot into the ring
+once. The training process does none of this work, and never imports Ray.
+
+Two batches are in flight at a time (``DEPTH``): while the actor decodes one, the next one's bytes travel, so
+the actor is not idle through each batch's round trip. A batch's samples are the stream's next ones, which
+depend on how many bad samples the batch before it skipped: the next batch is formed assuming none, and when
+the one before needed more, the next one's samples go back to the stream's front and it is formed again.
+
+When its cluster is gone (no actor within ``connect_timeout``, or three lost in a row) the proxy decodes the
+batches in hand, and every later one, itself: the same code on the same samples, so the loop sees the same
+batches (a warning; ``remote=0`` in its results is what the metrics count).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...formats import tfrecord
+from ..plan.stream import SampleRef
+from ..ring.batch_ring import IDLE
+from ..workers.messages import END, EPOCH, ERROR_REASONS, FILL, READY, STOP, BatchResult, decode_fill
+from ..workers.worker import Worker, WorkerArgs
+from .link import ActorLink, Lost, Pending
+from .settings import RemoteDecode
+
+log = logging.getLogger("feedline.remote")
+_REASON = {r: i for i, r in enumerate(ERROR_REASONS)}
+DEPTH = 2  # batches of a place in flight to its actor
+POLL = 0.005  # seconds between looks at the pipe while a batch is in flight
+
+
+@dataclass
+class _Batch:
+    """One batch of this place on its way: its slot, the samples taken for it, what was sent, what came back."""
+
+    slot: int
+    number: int  # the worker-local batch number j
+    items: list[SampleRef] = field(default_factory=list)
+    chunks: list[tuple[int, bytes, np.ndarray]] = field(default_factory=list)  # (first row, index, members)
+    errors: list[int] = field(default_factory=lambda: [0] * len(ERROR_REASONS))
+    pending: Pending | None = None
+    t0: int = 0
+
+
+class RemoteWorker(Worker):
+    """A worker place whose decoding runs on a Ray actor, falling back to this process when the cluster is gone."""
+
+    def __init__(self, args: WorkerArgs, remote: RemoteDecode):
+        super().__init__(args)
+        selection = args.code.selection
+        # the members a sample may be read from (the rest never cross the network); None: all of them
+        self._shipped = (selection.extensions | {tfrecord.RECORD} if selection.names is not None
+                         else None if self.writer.wanted is None else set(self.writer.wanted) | {tfrecord.RECORD})
+        self._pushback: deque[SampleRef] = deque()  # samples taken for a batch formed again: the stream's front
+        self.link: ActorLink | None = None
+        try:
+            self.link = ActorLink(remote, args.worker_id, args.code, args.setup.ring.to_json(),
+                                  self.ring.layout.slot_bytes)
+        except Lost as exc:
+            log.warning("remote: worker place %d decodes here: %s", args.worker_id, exc)
+        except Exception as exc:  # ray.init refused (another Ray version, a bad address): decode here, say why
+            log.warning("remote: worker place %d decodes here: could not join the Ray cluster at %s: %s: %s",
+                        args.worker_id, remote.address, type(exc).__name__, exc)
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link = None
+
+    # -- the stream, with the samples of batches formed again at its front --------------------------------------
+
+    def _take(self, errors: list[int]) -> SampleRef | None:
+        return self._pushback.popleft() if self._pushback else super()._take(errors)
+
+    def _next_pos(self) -> int | None:
+        """The stream position after what was delivered so far: the first sample given back, if any."""
+        return self._pushback[0].pos if self._pushback else None
+
+    def _finish(self, slot: int, batch: int, n: int, errors: list[int], elapsed: int, read_bytes: int,
+                decoded_bytes: int, remote: tuple[int, int, int, int] = (0, 0, 0, 0),
+                pos: int | None = None) -> BatchResult:
+        return super()._finish(slot, batch, n, errors, elapsed, read_bytes, decoded_bytes, remote,
+                               pos if pos is not None else self._next_pos())
+
+    # -- serving ------------------------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        conn = self.args.conn
+        conn.send_bytes(READY)
+        inflight: deque[_Batch] = deque()
+        while True:
+            if inflight and self.link is not None:
+                if len(inflight) >= DEPTH or self.link.ready(inflight[0].pending):
+                    self._complete(inflight)
+                    continue
+                if not conn.poll(POLL):
+                    continue
+            elif inflight:  # the cluster went: what is in flight is decoded here, in order
+                self._complete(inflight)
+                continue
+            try:
+                msg = conn.recv_bytes()
+            except (EOFError, OSError):
+                return  # the trainer is gone
+            kind = msg[:1]
+            if kind == FILL:
+                epoch, slot, batch = decode_fill(msg)
+                if self.epoch is None or epoch != self.epoch.epoch:
+                    while inflight:  # answers go back in the order the fills came
+                        self._complete(inflight)
+                    conn.send_bytes(self._result(END, epoch, slot, batch, 0, [0] * len(ERROR_REASONS)).encode())
+                elif self.link is None:
+                    while inflight:
+                        self._complete(inflight)
+                    conn.send_bytes(self._fill(slot, batch).encode())
+                else:
+                    inflight.append(self._start(_Batch(slot, batch)))
+            else:
+                while inflight:
+                    self._complete(inflight)
+                if kind == EPOCH:
+                    self._pushback.clear()  # another epoch's samples (their shards are closed with it)
+                    self._new_epoch(msg)
+                elif kind == STOP:
+                    return
+
+    def _start(self, b: _Batch) -> _Batch:
+        """Take the batch's samples and send them (its first chunk)."""
+        b.t0 = time.perf_counter_ns()
+        self._send_more(b, 0)
+        return b
+
+    def _send_more(self, b: _Batch, rows: int) -> bool:
+        """Take the samples rows ``rows``... may need and send them; False when the stream has none left."""
+        assert self.link is not None
+        chunk: list[SampleRef] = []
+        while len(chunk) < self.ring.layout.batch_size - rows:
+            item = self._take(b.errors)
+            if item is None:
+                break
+            chunk.append(item)
+        if not chunk:
+            return False
+        b.items += chunk
+        self._in_hand(chunk[0])
+        b.chunks.append(self._pack(rows, chunk))
+        b.pending = self.link.submit(b.number, b.chunks)
+        return True
+
+    def _complete(self, inflight: deque[_Batch]) -> None:
+        """The oldest batch in flight finished (more samples sent where bad ones were skipped), its slot filled and
+        answered; where it needed more samples, the batches after it are formed again."""
+        b = inflight.popleft()
+        conn = self.args.conn
+        if self.link is None:
+            conn.send_bytes(self._decode_here(b, inflight).encode())
+            return
+        batch_size = self.ring.layout.batch_size
+        notes: list[tuple[str, str]] = []
+        n = read = written = redone = received = 0
+        answer = None
+        seen = 0  # items whose verdicts are in
+        try:
+            while b.chunks:  # none: the stream had no sample left for this batch
+                answer, again = self.link.wait(b.pending, b.number, b.chunks)
+                redone += again
+                received += answer.slot.nbytes
+                chunk = b.items[seen:]
+                for i, reason, text in answer.failed:
+                    b.errors[_REASON[reason]] += 1
+                    notes.append((reason, f"{chunk[i].shard.path} sample {chunk[i].sample.key!r}: {text}"))
+                seen = len(b.items)
+                n, read, written = answer.rows, read + answer.read, written + answer.written
+                if n >= batch_size:
+                    break
+                self._give_back(inflight)  # the samples the next batches took are this one's to take first
+                if not self._send_more(b, n):
+                    break
+        except Lost as exc:
+            log.warning("remote: worker place %d decodes here from now on: %s", self.args.worker_id, exc)
+            self.link.abandon()
+            self.link = None
+            conn.send_bytes(self._decode_here(b, inflight).encode())
+            return
+        self.status[1] = IDLE
+        assert self.epoch is not None
+        for reason, text in notes:
+            self.epoch.note(reason, text)
+        if answer is not None and n:
+            sb = self.ring.layout.slot_bytes
+            self.ring.memory.base[b.slot * sb : (b.slot + 1) * sb] = answer.slot  # the one copy into the ring
+        sent = sum(len(index) + blob.nbytes for _, index, blob in b.chunks)
+        elapsed = answer.decode_ns if answer is not None else time.perf_counter_ns() - b.t0
+        result = self._finish(b.slot, b.number, n, b.errors, elapsed, read, written, (1, redone, sent, received),
+                              b.items[-1].pos + 1 if b.items else None)  # the stream ran ahead: this batch's end
+        for item in b.items:
+            item.shard.release()
+        conn.send_bytes(result.encode())
+        self._reform(inflight)
+
+    def _give_back(self, inflight: deque[_Batch]) -> None:
+        """Put the samples of the batches in flight after this one back at the stream's front, in order; they are
+        formed again once this one has what it needs (their take-time counts move with them, in total)."""
+        for later in reversed(inflight):
+            self._pushback.extendleft(reversed(later.items))
+            later.items, later.chunks, later.pending = [], [], None
+
+    def _reform(self, inflight: deque[_Batch]) -> None:
+        for later in inflight:
+            if later.pending is None and self.link is not None:
+                self._send_more(later, 0)
+
+    def _decode_here(self, b: _Batch, inflight: deque[_Batch]) -> BatchResult:
+        """The cluster is gone: this batch's samples, and those of the batches after it, back at the stream's
+        front; this one decoded here (the later ones are, as they complete)."""
+        self._give_back(inflight)
+        self._pushback.extendleft(reversed(b.items))
+        b.items, b.chunks = [], []
+        return self._fill(b.slot, b.number, errors=b.errors)
+
+    def _pack(self, start: int, chunk: list[SampleRef]) -> tuple[int, bytes, np.ndarray]:
+        """(first row, a JSON index, the members the samples are read from, back to back): what an actor decodes
+        a chunk from."""
+        parts = []
+        for item in chunk:
+            extra = 4 if tfrecord.is_tfrecord(item.shard.path) else 0  # a record's CRC follows its data
+            parts.append([(ext, off, size, extra) for ext, (off, size) in item.sample.fields.items()
+                          if self._shipped is None or ext in self._shipped])
+        blob = np.empty(sum(size + extra for members in parts for _, _, size, extra in members), np.uint8)
+        index = []
+        at = 0
+        for item, members in zip(chunk, parts):
+            data = item.shard.view()
+            try:
+                fields = []
+                for ext, off, size, extra in members:
+                    piece = data[off : off + size + extra]  # short where the shard is cut: as a local read
+                    blob[at : at + len(piece)] = np.frombuffer(piece, np.uint8)
+                    fields.append([ext, at, min(size, len(piece))])
+                    at += len(piece)
+                    piece.release()
+            finally:
+                data.release()
+            seed = self._seed_of(item) if self.writer.reseed else None
+            index.append([item.shard.path, item.sample.key, fields, seed, self._source_of(item)])
+        return start, json.dumps(index).encode(), blob[:at]

@@ -1,0 +1,263 @@
+"""Remote decode on a real Ray cluster (127.0.0.1, token auth): the loop sees the same batches with remote decoding
+off, for some worker places, or for all; actors killed or a cluster stopped mid-epoch lose nothing and repeat
+nothing; an address nobody answers is refused within its bound."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+from helpers import KEPT_FOR_THE_MODULE, ROOT, jpeg_bytes, write_tar
+from ray_cluster import RayCluster, actor_pids, free_port
+
+from feedline import SettingError, StagingLoader
+from feedline.formats.transforms import RandomResizedCrop
+from feedline.loader.remote.settings import RemoteDecode
+
+pytestmark = pytest.mark.xdist_group("ray")
+
+BATCH = 6
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = RayCluster(cpus=2)
+    kept = {p.pid for p in c.procs}
+    KEPT_FOR_THE_MODULE.update(kept)
+    try:
+        yield c
+    finally:
+        c.close()
+        KEPT_FOR_THE_MODULE.difference_update(kept)
+
+
+@pytest.fixture(autouse=True)
+def token(cluster, monkeypatch):
+    """The training process and its proxies carry the cluster's token, as every node and driver must."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", cluster.token)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """4 shards of JPEGs of two sizes (a crop makes them one), one of them corrupt."""
+    d = tmp_path_factory.mktemp("remote-shards")
+    for s in range(4):
+        samples = []
+        for i in range(10):
+            k = s * 10 + i
+            jpg = b"not a jpeg at all" if k == 13 else jpeg_bytes(k, (64, 48) if k % 2 else (48, 64))
+            samples.append((f"s{k:03d}", {"jpg": jpg, "cls": str(k).encode()}))
+        write_tar(str(d / f"shard-{s}.tar"), samples)
+    return str(d / "shard-{0..3}.tar")
+
+
+def crop():
+    return RandomResizedCrop(24, fields=["jpg"])
+
+
+def batches(shards, remote=None, **kwargs):
+    """Every batch of an epoch (the pixels, the labels, the keys) and the loader's stats at its end."""
+    out = []
+    with StagingLoader(shards, batch_size=BATCH, workers=2, transform=crop(), seed=7, remote=remote,
+                       **kwargs) as loader:
+        for b in loader:
+            out.append((b["jpg"].clone(), [int(c) for c in b["cls"]], list(b["__key__"])))
+        return out, loader.stats()
+
+
+def same(a, b):
+    assert len(a) == len(b)
+    for (pa, ca, ka), (pb, cb, kb) in zip(a, b):
+        assert ka == kb and ca == cb
+        assert torch.equal(pa, pb), ka
+
+
+@pytest.fixture(scope="module")
+def local(shards):
+    return batches(shards)
+
+
+def test_batches_are_bit_identical_with_remote_decoding_off_for_some_places_and_for_all(cluster, shards, local):
+    expected, stats = local
+    assert stats.batches_decoded_total == {"local": len(expected), "remote": 0}
+    for places in (1, 2):
+        got, stats = batches(shards, RemoteDecode(cluster.address, places=places))
+        same(got, expected)
+        assert stats.batches_decoded_total["remote"] > 0
+        remote = stats.batches_decoded_total["remote"]
+        assert stats.batches_decoded_total["local"] == (0 if places == 2 else len(expected) - remote)
+        assert stats.remote_bytes_total["sent"] > 0 and stats.remote_bytes_total["received"] > 0
+
+
+def test_a_corrupt_sample_decoded_remotely_is_skipped_and_counted_like_a_local_one(cluster, shards, local):
+    got, stats = batches(shards, f"{cluster.address},places=2")
+    assert stats.sample_errors_total["corrupt"] == local[1].sample_errors_total["corrupt"] == 1
+    assert sum(len(c) for _, c, _ in got) == 39 and 13 not in [k for _, c, _ in got for k in c]
+
+
+def test_batches_that_skip_many_bad_samples_are_the_same_remote_as_local(cluster, tmp_path):
+    """Every third sample bad: a batch needs more samples than it was sent, so the batch after it, already in
+    flight with the samples it would take, is formed again; what the loop sees does not change."""
+    for s in range(3):
+        samples = [(f"b{s}{i:02d}", {"jpg": b"bad" if i % 3 == 1 else jpeg_bytes(s * 30 + i, (40, 40)),
+                                     "cls": str(s * 30 + i).encode()}) for i in range(30)]
+        write_tar(str(tmp_path / f"bad-{s}.tar"), samples)
+    pattern = str(tmp_path / "bad-{0..2}.tar")
+    local, local_stats = batches(pattern, max_sample_errors=0.5)
+    remote, remote_stats = batches(pattern, f"{cluster.address},places=2", max_sample_errors=0.5)
+    same(remote, local)
+    assert remote_stats.sample_errors_total["corrupt"] == local_stats.sample_errors_total["corrupt"] == 30
+    assert remote_stats.batches_decoded_total["local"] == 0
+
+
+def test_a_state_saved_with_remote_decoding_resumes_exactly_without_it_and_back(cluster, shards, local):
+    expected, _ = local
+    for saved_with, resumed_with in ((f"{cluster.address},places=2", None), (None, f"{cluster.address},places=1")):
+        with StagingLoader(shards, batch_size=BATCH, workers=2, transform=crop(), seed=7, remote=saved_with) as loader:
+            it = iter(loader)
+            for _ in range(2):
+                next(it)
+            state = json.loads(json.dumps(loader.state_dict()))
+        with StagingLoader(shards, batch_size=BATCH, workers=2, transform=crop(), seed=7,
+                           remote=resumed_with) as loader:
+            loader.load_state_dict(state)
+            rest = [(b["jpg"].clone(), [int(c) for c in b["cls"]], list(b["__key__"])) for b in loader]
+        same(rest, expected[2:])
+
+
+class SlowCrop(RandomResizedCrop):
+    """A crop that takes 50 ms a sample: long enough batches to kill an actor in the middle of one."""
+
+    def __call__(self, sample):
+        time.sleep(0.05)
+        return super().__call__(sample)
+
+
+def test_an_actor_killed_mid_batch_is_replaced_and_nothing_is_lost_or_repeated(cluster, shards, local):
+    expected, _ = local
+    killed = []
+
+    def killer():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            pids = actor_pids()
+            if len(pids) == 2:
+                time.sleep(0.4)  # into a batch
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+            time.sleep(0.05)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    out = []
+    with StagingLoader(shards, batch_size=BATCH, workers=2, transform=SlowCrop(24, fields=["jpg"]), seed=7,
+                       remote=f"{cluster.address},places=2") as loader:
+        for b in loader:
+            out.append((b["jpg"].clone(), [int(c) for c in b["cls"]], list(b["__key__"])))
+        stats = loader.stats()
+    t.join()
+    assert killed
+    same(out, expected)
+    assert stats.remote_redone_batches_total >= 1
+    assert stats.batches_decoded_total["local"] == 0  # the batch went to a new actor, not to this machine
+
+
+def test_a_cluster_stopped_mid_epoch_leaves_the_epoch_to_local_decoding(shards, local, monkeypatch, caplog):
+    expected, _ = local
+    other = RayCluster(cpus=2)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", other.token)
+    try:
+        out = []
+        with StagingLoader(shards, batch_size=BATCH, workers=2, transform=SlowCrop(24, fields=["jpg"]), seed=7,
+                           remote=f"{other.address},places=2", stall_timeout=60) as loader:
+            t0 = time.monotonic()
+            for i, b in enumerate(loader):
+                out.append((b["jpg"].clone(), [int(c) for c in b["cls"]], list(b["__key__"])))
+                if i == 0:  # the places are in their second batches: at least half the epoch is left
+                    other.stop()
+            stats = loader.stats()
+        took = time.monotonic() - t0
+    finally:
+        other.close()
+    same(out, expected)
+    assert stats.batches_decoded_total["remote"] >= 1 and stats.batches_decoded_total["local"] >= 1
+    assert took < 60, took
+
+
+def test_an_address_nobody_answers_is_refused_naming_it_within_ten_seconds(shards):
+    address = f"127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(SettingError, match=f"remote: no Ray cluster answers at {address} within 10 s.*fallback=local"):
+        StagingLoader(shards, batch_size=4, workers=2, transform=crop(), remote=address)
+    assert time.monotonic() - t0 < 15  # the 10 s bound, and the loader's own start
+
+
+def test_fallback_local_decodes_every_place_here_when_nobody_answers(shards, local, caplog):
+    got, stats = batches(shards, f"127.0.0.1:{free_port()},places=2,fallback=local,connect_timeout=1")
+    same(got, local[0])
+    assert stats.batches_decoded_total["remote"] == 0
+    assert "decoding every worker place on this machine (fallback=local)" in caplog.text
+
+
+def test_a_transform_defined_in_the_training_script_reaches_the_actors_by_value(cluster, shards, tmp_path):
+    """A user's script: its transform lives in ``__main__``, which the decode nodes do not have."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys
+        import numpy as np
+        from feedline import StagingLoader
+
+        def darker(sample):
+            sample["jpg"] = (np.asarray(sample["jpg"])[:24, :24] // 2).copy()
+            return sample
+
+        if __name__ == "__main__":
+            with StagingLoader({shards!r}, batch_size=4, workers=2, transform=darker,
+                               remote={cluster.address + ",places=2"!r}) as loader:
+                n = sum(len(b["cls"]) for b in loader)
+                print(json.dumps({{"samples": n, "remote": loader.stats().batches_decoded_total["remote"]}}))
+    """))
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["samples"] == 39 and result["remote"] > 0
+
+
+def test_asking_for_remote_without_ray_installed_says_how_to_install(tmp_path):
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "from feedline import StagingLoader, SettingError\n"
+            "try:\n"
+            "    StagingLoader('/x-{0..1}.tar', remote='127.0.0.1:6379')\n"
+            "except SettingError as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "pip install 'feedline[ray]'" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("value, named", [
+    ("auto,places=0", "places must be 'auto' or an integer >= 1"),
+    ("auto,speed=3", "'speed=3' is not an option"),
+    ("auto,fallback=maybe", "fallback must be one of error, local"),
+    ("auto,cpus=0", "cpus (Ray CPUs an actor asks for) must be a number in (0, 256]"),
+    ("ray://head:10001", "ray://head:10001: Ray Client (ray://) would route every batch through the head"),
+])
+def test_a_remote_setting_that_cannot_work_is_refused_naming_what_would(value, named):
+    with pytest.raises(SettingError, match="remote: " + __import__("re").escape(named)):
+        RemoteDecode.parse(value)
+
+
+def test_remote_needs_a_number_of_workers_and_no_more_places_than_workers(shards):
+    with pytest.raises(SettingError, match="remote: needs a number of workers"):
+        StagingLoader(shards, workers="auto", remote="127.0.0.1:1")
+    with pytest.raises(SettingError, match="places=3 is more than workers=2"):
+        StagingLoader(shards, workers=2, transform=crop(), remote="127.0.0.1:1,places=3")
