@@ -113,6 +113,7 @@ class LoaderStats:
     worker_restarts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESTART_REASONS, 0))
     decode_seconds_total: float = 0.0
     batches_decoded_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PLACES, 0))
+    remote_decode_seconds_total: float = 0.0
     remote_redone_batches_total: int = 0
     remote_bytes_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
     kept_batches_copied_total: int = 0
@@ -138,6 +139,7 @@ class StatsRecorder:
         self._pushed: dict[str, float] = {}  # the per-batch counters as last pushed (flush)
         self._waits: list[float] = []  # data waits observed since the last flush
         self._cost_window: deque[tuple[float, float, int]] = deque()  # (when, feedline's CPU, batches)
+        self._place_of: dict[int, int] = {}  # worker place -> 1 when its last batch was decoded by a Ray actor
 
     @property
     def window_seconds(self) -> float:
@@ -164,17 +166,20 @@ class StatsRecorder:
             return self._s.data_wait_seconds_total, self._s.step_seconds_total
 
     def batch_done(self, samples: int, read: int, decoded: int, decode_ns: int, errors: tuple[int, ...],
-                   remote: int = 0, redone: int = 0, sent: int = 0, received: int = 0) -> None:
+                   remote: int = 0, redone: int = 0, sent: int = 0, received: int = 0, worker: int = 0) -> None:
         with self._lock:
             s = self._s
+            if samples:
+                self._place_of[worker] = remote  # where the place's last batch was decoded
             s.samples_total += samples
             s.bytes_total["read"] += read
             s.bytes_total["decoded"] += decoded
             s.decode_seconds_total += decode_ns / 1e9
             if samples:
                 s.batches_decoded_total[PLACES[remote]] += 1
-            if remote:  # a remote worker place's batch (remote/proxy.py)
-                s.remote_redone_batches_total += redone
+            s.remote_redone_batches_total += redone  # decoded again after its actor was lost (remote/proxy.py)
+            if remote:  # a remote worker place's batch
+                s.remote_decode_seconds_total += decode_ns / 1e9
                 s.remote_bytes_total["sent"] += sent
                 s.remote_bytes_total["received"] += received
             if any(errors):  # almost never: the per-reason work is skipped
@@ -188,6 +193,8 @@ class StatsRecorder:
             now = {"data_wait_seconds_total": s.data_wait_seconds_total, "step_seconds_total": s.step_seconds_total,
                    "samples_total": float(s.samples_total),
                    "remote_redone_batches_total": float(s.remote_redone_batches_total),
+                   "decode_seconds_total:local": s.decode_seconds_total - s.remote_decode_seconds_total,
+                   "decode_seconds_total:remote": s.remote_decode_seconds_total,
                    **{f"bytes_total:{k}": float(v) for k, v in s.bytes_total.items()},
                    **{f"batches_decoded_total:{k}": float(v) for k, v in s.batches_decoded_total.items()},
                    **{f"remote_bytes_total:{k}": float(v) for k, v in s.remote_bytes_total.items()},
@@ -203,7 +210,7 @@ class StatsRecorder:
                     sink.inc(name, delta)
                 elif name == "bytes_total":
                     sink.inc(name, delta, stage=label)
-                elif name == "batches_decoded_total":
+                elif name in ("batches_decoded_total", "decode_seconds_total"):
                     sink.inc(name, delta, place=label)
                 elif name == "remote_bytes_total":
                     sink.inc(name, delta, direction=label)
@@ -287,6 +294,10 @@ class StatsRecorder:
             sink.set("queue_capacity", queue_capacity.get(q, 0), queue=q)
         for state, n in workers.items():
             sink.set("workers", n, state=state)
+        with self._lock:
+            places = list(self._place_of.values())
+        for k, place in enumerate(PLACES):
+            sink.set("worker_places", places.count(k), place=place)
 
     def snapshot(self, queue_depth: dict[str, int], queue_capacity: dict[str, int],
                  workers: dict[str, int]) -> LoaderStats:
@@ -309,6 +320,7 @@ class StatsRecorder:
                 worker_restarts=dict(s.worker_restarts),
                 decode_seconds_total=s.decode_seconds_total,
                 batches_decoded_total=dict(s.batches_decoded_total),
+                remote_decode_seconds_total=s.remote_decode_seconds_total,
                 remote_redone_batches_total=s.remote_redone_batches_total,
                 remote_bytes_total=dict(s.remote_bytes_total),
                 kept_batches_copied_total=s.kept_batches_copied_total,

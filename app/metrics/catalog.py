@@ -52,6 +52,10 @@ LOADER: tuple[MetricDef, ...] = (
     MetricDef("samples_total", "counter", "Samples decoded into the batch ring."),
     MetricDef("batches_decoded_total", "counter", "Batches decoded into the batch ring, by place: a local worker "
               "process, or a Ray actor of the remote decode cluster (remote=).", "place", PLACES),
+    MetricDef("worker_places", "gauge", "Worker places by where their last batch was decoded: here, or by a Ray "
+              "actor (remote=); remote falling to 0 mid-run: the actors or the cluster are gone.", "place", PLACES),
+    MetricDef("decode_seconds_total", "counter", "Time spent decoding batches (read, decode, transform, write), "
+              "by place: local worker processes, or the Ray actors of remote decoding.", "place", PLACES),
     MetricDef("remote_redone_batches_total", "counter", "Remote batches sent again to a new actor after theirs was "
               "lost (killed, its node gone): decoded once more, delivered once."),
     MetricDef("remote_bytes_total", "counter", "Bytes between this node and its remote decode actors: encoded "

@@ -125,6 +125,10 @@ ROWS: list[tuple[str, list[Panel]]] = [
                         Query(_rate("feedline_remote_redone_batches_total"), "redone")]),
         Panel("Remote decode traffic", "Bytes per second to the decode actors (encoded samples) and back (batch "
               "slots).", "Bps", [Query(_rate("feedline_remote_bytes_total", "direction"), "{{direction}}")]),
+        Panel("Decode time by place", "Seconds of decoding per second, by local worker processes and by the Ray "
+              "actors, and the worker places each has now (actors alive).", "short",
+              [Query(_rate("feedline_decode_seconds_total", "place"), "{{place}} decode s/s"),
+               Query(f"sum by (place) (feedline_worker_places{SEL})", "{{place}} places")]),
     ]),
     ("Cache (sampler sidecar)", [
         Panel("Cache bytes vs budget", "Published shard bytes in the cache, the budget they never exceed, and "

@@ -1,17 +1,21 @@
 """A proxy's link to the Ray cluster: its connection, its one decode actor, and what happens when either is lost.
 
 The proxy process (not the training process) is the Ray driver: it owns its actor, which Ray ends with it, so
-a loader that closes or dies leaves nothing running on the decode nodes. An actor lost mid-batch (its process
-killed, its node gone) is replaced and the batch's chunks are sent to the new one again: the same bytes and
-seeds give the same rows, so nothing is lost or delivered twice; ``redone`` counts it. A cluster that cannot
-give a new actor within ``connect_timeout`` is given up for good: the proxy decodes its place locally from
-then on (the caller's fallback).
+a loader that closes or dies leaves nothing running on the decode nodes. The actor is asked for at once and
+used once it has started (``available``): until then, and whenever it is lost, the proxy decodes its batches
+itself, so a place never waits for the cluster. An actor lost with batches in flight (its process killed, its
+node gone) is replaced in the background and those batches are decoded again here (``Unavailable``): the same
+bytes and seeds give the same rows, so nothing is lost or delivered twice; the results count them as redone.
+A cluster whose address no longer answers, or whose actors are lost ``ATTEMPTS`` times in a row without an
+answer between, is given up for good (``Lost``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,11 +26,15 @@ from .settings import RemoteDecode
 log = logging.getLogger("feedline.remote")
 
 CALL_TIMEOUT = 120.0  # seconds one chunk may take on an actor before it counts as lost
-ATTEMPTS = 3  # actors tried for one batch before the cluster counts as gone
+ATTEMPTS = 3  # actors lost in a row, no answer between, before the cluster counts as gone
 
 
 class Lost(Exception):
-    """The cluster cannot decode for this place any more: decode it locally."""
+    """The cluster cannot decode for this place any more: decode it locally from now on."""
+
+
+class Unavailable(Exception):
+    """The actor owing this batch was lost (a new one is starting): decode the batch locally."""
 
 
 class Pending(NamedTuple):
@@ -61,8 +69,10 @@ class ActorLink:
         self._code = code
         self._ring = ring
         self._actor: Any = None
+        self._ready_ref: Any = None
         self.pid: int | None = None
-        self.generation = 0  # counts the actors started: an answer owed by an earlier one is asked again
+        self.generation = 0  # counts the actors started: an answer owed by an earlier one is not waited for
+        self._losses = 0  # actors lost since the last answer
         problem = answers(remote.address, remote.connect_timeout)
         if problem is not None:
             raise Lost(f"no Ray cluster answers at {remote.address} ({problem})")
@@ -76,63 +86,74 @@ class ActorLink:
         self._start()
 
     def _start(self) -> None:
-        """A new actor (asked for now; ``_ready`` waits for it)."""
+        """A new actor, asked for now; ``available`` says when it has started."""
         self.generation += 1
         self._actor = self._actor_class.options(num_cpus=self.remote.cpus, max_restarts=0, max_task_retries=0,
-                                                name=None, scheduling_strategy="SPREAD").remote(self._code, self._ring)
+                                                scheduling_strategy="SPREAD").remote(self._code, self._ring)
+        self._ready_ref = self._actor.ready.remote()
         self.pid = None
 
-    def _ready(self) -> None:
-        if self.pid is None:
-            self.pid = self._ray.get(self._actor.ready.remote(), timeout=self.remote.connect_timeout)
+    def started(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the first actor to start (at the place's start: its first batches go
+        to it); False when it has not, and the place decodes here until it has."""
+        done, _ = self._ray.wait([self._ready_ref], timeout=timeout)
+        if done:
+            return self.available()
+        log.warning("remote: worker place %d has no actor after %g s (no free CPUs in the cluster?); it decodes "
+                    "here until one starts", self.place, timeout)
+        return False
 
-    def submit(self, token: int, chunks: list[tuple[int, bytes, np.ndarray]]) -> "Pending | None":
+    def available(self) -> bool:
+        """The actor has started and takes batches (never waits: a place decodes locally until then; one that
+        cannot start yet, on a cluster without free CPUs, starts when a node joins)."""
+        if self.pid is not None:
+            return True
+        ray = self._ray
+        done, _ = ray.wait([self._ready_ref], timeout=0)
+        if not done:
+            return False
+        try:
+            self.pid = int(ray.get(self._ready_ref))
+        except Exception as exc:  # it died starting: another one
+            self._replace(exc)
+            return False
+        log.info("remote: worker place %d decodes on an actor (pid %d)", self.place, self.pid)
+        return True
+
+    def submit(self, token: int, chunks: list[tuple[int, bytes, np.ndarray]]) -> Pending | None:
         """Send the last of batch ``token``'s ``chunks`` to the actor, not waiting; None when it could not be sent
-        (``wait`` sends the batch again)."""
+        (``wait`` then says the batch is to be decoded locally)."""
         try:
             start, index, blob = chunks[-1]
             return Pending(self._actor.decode.remote(token, start, index, blob), self.generation)
-        except Exception:  # an actor handle that is gone: wait() finds out and replaces it
+        except Exception:  # an actor handle that is gone
             log.debug("remote: a chunk could not be sent", exc_info=True)
             return None
 
-    def ready(self, pending: "Pending | None") -> bool:
+    def ready(self, pending: Pending | None) -> bool:
         """The answer is in (or nothing was sent: ``wait`` will not wait on the actor for it)."""
         if pending is None:
             return True
         done, _ = self._ray.wait([pending.ref], timeout=0)
         return bool(done)
 
-    def wait(self, pending: "Pending | None", token: int,
-             chunks: list[tuple[int, bytes, np.ndarray]]) -> tuple[Answer, int]:
-        """The answer to batch ``token``'s last chunk; (it, the times the batch had to be sent to a new actor,
-        all its chunks again). ``Lost`` when the cluster cannot decode it."""
-        ray = self._ray
+    def wait(self, pending: Pending | None) -> Answer:
+        """The answer to a chunk; ``Unavailable`` when its actor was lost (replaced meanwhile), ``Lost`` when the
+        cluster is gone."""
         from ray.exceptions import GetTimeoutError, RayError
 
-        redone = 0
-        for attempt in range(ATTEMPTS):
-            try:
-                if pending is None:  # the batch, every chunk of it, to the actor there is now
-                    self._ready()
-                    for start, index, blob in chunks[:-1]:
-                        ray.get(self._actor.decode.remote(token, start, index, blob), timeout=CALL_TIMEOUT)
-                    pending = self.submit(token, chunks)
-                    if pending is None:
-                        raise RuntimeError("the actor took no call")
-                elif pending.generation == self.generation:
-                    self._ready()  # an actor that never starts (no free CPUs) is lost after connect_timeout
-                return self._check(ray.get(pending.ref, timeout=CALL_TIMEOUT)), redone
-            except (RayError, GetTimeoutError, RuntimeError) as exc:
-                if isinstance(exc, RuntimeError) and str(exc).startswith("a decode actor answered"):
-                    raise
-                if pending is None or pending.generation == self.generation:  # this actor is lost now
-                    self._replace(exc, attempt)
-                pending = None
-                redone += 1
-        raise Lost(f"{ATTEMPTS} decode actors in a row were lost")
+        if pending is None or pending.generation != self.generation:
+            raise Unavailable("its actor was lost before it answered")
+        try:
+            answer = self._check(self._ray.get(pending.ref, timeout=CALL_TIMEOUT))
+        except (RayError, GetTimeoutError) as exc:
+            self._replace(exc)
+            raise Unavailable(f"its actor was lost ({type(exc).__name__})") from None
+        self._losses = 0
+        return answer
 
-    def _replace(self, exc: BaseException, attempt: int) -> None:
+    def _replace(self, exc: BaseException) -> None:
+        """The actor is lost: a new one, unless the cluster is gone (``Lost``)."""
         log.warning("remote: worker place %d lost its decode actor%s (%s: %s)", self.place,
                     f" (pid {self.pid})" if self.pid else "", type(exc).__name__,
                     str(exc).splitlines()[0] if str(exc) else "")
@@ -140,8 +161,9 @@ class ActorLink:
         gone = answers(self.remote.address, 1.0)
         if gone is not None:  # not an actor: the cluster itself
             raise Lost(f"the Ray cluster at {self.remote.address} no longer answers ({gone})") from None
-        if attempt + 1 >= ATTEMPTS:
-            raise Lost(f"{ATTEMPTS} decode actors in a row were lost")
+        self._losses += 1
+        if self._losses >= ATTEMPTS:
+            raise Lost(f"{ATTEMPTS} decode actors in a row were lost before one answered")
         self._start()
 
     def _check(self, answer: Any) -> Answer:
@@ -151,8 +173,6 @@ class ActorLink:
                 and answer[1].shape == (self.slot_bytes,)):
             raise RuntimeError(f"a decode actor answered {type(answer).__name__}, not (bytes, a slot's uint8 array): "
                                f"do the training node and the decode nodes run the same feedline?")
-        import json
-
         return Answer(json.loads(answer[0]), answer[1])
 
     def _kill(self) -> None:
@@ -166,8 +186,6 @@ class ActorLink:
     def abandon(self) -> None:
         """Leave a cluster that is gone: its connection closes in the background (``ray.shutdown`` waits 5 s on
         a dead cluster; the batch in hand is decoded here meanwhile)."""
-        import threading
-
         self._actor = None
         threading.Thread(target=self.close, name="feedline-ray-shutdown", daemon=True).start()
 

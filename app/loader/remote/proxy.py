@@ -31,7 +31,7 @@ from ..plan.stream import SampleRef
 from ..ring.batch_ring import IDLE
 from ..workers.messages import END, EPOCH, ERROR_REASONS, FILL, READY, STOP, BatchResult, decode_fill
 from ..workers.worker import Worker, WorkerArgs
-from .link import ActorLink, Lost, Pending
+from .link import ActorLink, Lost, Pending, Unavailable
 from .settings import RemoteDecode
 
 log = logging.getLogger("feedline.remote")
@@ -50,6 +50,8 @@ class _Batch:
     chunks: list[tuple[int, bytes, np.ndarray]] = field(default_factory=list)  # (first row, index, members)
     errors: list[int] = field(default_factory=lambda: [0] * len(ERROR_REASONS))
     pending: Pending | None = None
+    generation: int = 0  # the actor its first chunk went to: a later chunk goes to that one or nowhere
+    formed: bool = False  # its samples are taken (given back when the batch before it needed more)
     t0: int = 0
 
 
@@ -67,6 +69,7 @@ class RemoteWorker(Worker):
         try:
             self.link = ActorLink(remote, args.worker_id, args.code, args.setup.ring.to_json(),
                                   self.ring.layout.slot_bytes)
+            self.link.started(remote.connect_timeout)
         except Lost as exc:
             log.warning("remote: worker place %d decodes here: %s", args.worker_id, exc)
         except Exception as exc:  # ray.init refused (another Ray version, a bad address): decode here, say why
@@ -120,20 +123,40 @@ class RemoteWorker(Worker):
                     while inflight:  # answers go back in the order the fills came
                         self._complete(inflight)
                     conn.send_bytes(self._result(END, epoch, slot, batch, 0, [0] * len(ERROR_REASONS)).encode())
-                elif self.link is None:
-                    while inflight:
-                        self._complete(inflight)
-                    conn.send_bytes(self._fill(slot, batch).encode())
                 else:
-                    inflight.append(self._start(_Batch(slot, batch)))
+                    if any(not x.formed for x in inflight):  # their samples come before this batch's
+                        while inflight:
+                            self._complete(inflight)
+                    if self.link is not None and self._actor_takes():
+                        inflight.append(self._start(_Batch(slot, batch)))
+                    else:  # no actor (yet): this batch is decoded here
+                        while inflight:
+                            self._complete(inflight)
+                        conn.send_bytes(self._fill(slot, batch).encode())
             else:
                 while inflight:
                     self._complete(inflight)
                 if kind == EPOCH:
-                    self._pushback.clear()  # another epoch's samples (their shards are closed with it)
+                    while self._pushback:  # another epoch's samples
+                        self._pushback.popleft().shard.release()
                     self._new_epoch(msg)
                 elif kind == STOP:
                     return
+
+    def _actor_takes(self) -> bool:
+        """The actor has started (and the cluster is there: otherwise this place decodes here from now on)."""
+        assert self.link is not None
+        try:
+            return self.link.available()
+        except Lost as exc:
+            self._give_up(exc)
+            return False
+
+    def _give_up(self, exc: Exception) -> None:
+        log.warning("remote: worker place %d decodes here from now on: %s", self.args.worker_id, exc)
+        if self.link is not None:
+            self.link.abandon()
+            self.link = None
 
     def _start(self, b: _Batch) -> _Batch:
         """Take the batch's samples and send them (its first chunk)."""
@@ -144,6 +167,7 @@ class RemoteWorker(Worker):
     def _send_more(self, b: _Batch, rows: int) -> bool:
         """Take the samples rows ``rows``... may need and send them; False when the stream has none left."""
         assert self.link is not None
+        b.formed = True
         chunk: list[SampleRef] = []
         while len(chunk) < self.ring.layout.batch_size - rows:
             item = self._take(b.errors)
@@ -155,7 +179,10 @@ class RemoteWorker(Worker):
         b.items += chunk
         self._in_hand(chunk[0])
         b.chunks.append(self._pack(rows, chunk))
-        b.pending = self.link.submit(b.number, b.chunks)
+        if rows == 0:
+            b.generation, b.formed = self.link.generation, True
+        # a batch goes on only on the actor that holds its first rows
+        b.pending = self.link.submit(b.number, b.chunks) if b.generation == self.link.generation else None
         return True
 
     def _complete(self, inflight: deque[_Batch]) -> None:
@@ -163,8 +190,9 @@ class RemoteWorker(Worker):
         answered; where it needed more samples, the batches after it are formed again."""
         b = inflight.popleft()
         conn = self.args.conn
-        if self.link is None:
+        if self.link is None or not b.formed:  # the cluster went, or its actor did before this batch was formed
             conn.send_bytes(self._decode_here(b, inflight).encode())
+            self._reform(inflight)
             return
         batch_size = self.ring.layout.batch_size
         notes: list[tuple[str, str]] = []
@@ -173,8 +201,7 @@ class RemoteWorker(Worker):
         seen = 0  # items whose verdicts are in
         try:
             while b.chunks:  # none: the stream had no sample left for this batch
-                answer, again = self.link.wait(b.pending, b.number, b.chunks)
-                redone += again
+                answer = self.link.wait(b.pending)
                 received += answer.slot.nbytes
                 chunk = b.items[seen:]
                 for i, reason, text in answer.failed:
@@ -187,11 +214,13 @@ class RemoteWorker(Worker):
                 self._give_back(inflight)  # the samples the next batches took are this one's to take first
                 if not self._send_more(b, n):
                     break
+        except Unavailable:  # its actor was lost (a new one is starting): the batch is decoded again, here
+            conn.send_bytes(self._decode_here(b, inflight, redone=True).encode())
+            self._reform(inflight)
+            return
         except Lost as exc:
-            log.warning("remote: worker place %d decodes here from now on: %s", self.args.worker_id, exc)
-            self.link.abandon()
-            self.link = None
-            conn.send_bytes(self._decode_here(b, inflight).encode())
+            self._give_up(exc)
+            conn.send_bytes(self._decode_here(b, inflight, redone=True).encode())
             return
         self.status[1] = IDLE
         assert self.epoch is not None
@@ -214,20 +243,22 @@ class RemoteWorker(Worker):
         formed again once this one has what it needs (their take-time counts move with them, in total)."""
         for later in reversed(inflight):
             self._pushback.extendleft(reversed(later.items))
-            later.items, later.chunks, later.pending = [], [], None
+            later.items, later.chunks, later.pending, later.formed = [], [], None, False
 
     def _reform(self, inflight: deque[_Batch]) -> None:
+        """The batches given back, formed again in order while the actor takes them (else decoded here)."""
         for later in inflight:
-            if later.pending is None and self.link is not None:
+            if not later.formed and self.link is not None and self._actor_takes():
                 self._send_more(later, 0)
 
-    def _decode_here(self, b: _Batch, inflight: deque[_Batch]) -> BatchResult:
-        """The cluster is gone: this batch's samples, and those of the batches after it, back at the stream's
-        front; this one decoded here (the later ones are, as they complete)."""
+    def _decode_here(self, b: _Batch, inflight: deque[_Batch], redone: bool = False) -> BatchResult:
+        """This batch's samples, and those of the batches after it, back at the stream's front; this one decoded
+        here (the later ones go to the actor again, or are decoded here too, as they complete)."""
         self._give_back(inflight)
         self._pushback.extendleft(reversed(b.items))
         b.items, b.chunks = [], []
-        return self._fill(b.slot, b.number, errors=b.errors)
+        result = self._fill(b.slot, b.number, errors=b.errors)
+        return result._replace(redone=1) if redone else result
 
     def _pack(self, start: int, chunk: list[SampleRef]) -> tuple[int, bytes, np.ndarray]:
         """(first row, a JSON index, the members the samples are read from, back to back): what an actor decodes

@@ -300,7 +300,7 @@ class WorkerPool(Dispatcher):
         if not self._scheduler.on_result(w, r):
             return
         self._stats.batch_done(r.samples, r.read_bytes, r.decoded_bytes, r.decode_ns, r.errors, r.remote, r.redone,
-                               r.sent, r.received)
+                               r.sent, r.received, w)
         if r.kind == DONE:
             self._supervisor.progressed(w)
         if self._scheduler.errors:
