@@ -16,6 +16,7 @@ import urllib.request
 
 import numpy as np
 
+from feedline.bench.ray_nodes import descendants  # noqa: F401  (every live process below a pid, via /proc)
 from feedline.demo.procs import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,26 +91,6 @@ def shm_entries() -> set[str]:
     """What tests may leave in /dev/shm, less the cache of the soak run beside them (its test checks that)."""
     return {e for e in os.listdir("/dev/shm") if ("feedline" in e or e.startswith(("psm_", "wnsm_", "torch_")))
             and not e.startswith("feedline-soak-")}
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (via /proc), to prove none outlives the trainer."""
-    parents = {}
-    for e in os.listdir("/proc"):
-        if e.isdigit():
-            try:
-                with open(f"/proc/{e}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if fields[0] != "Z":
-                    parents[int(e)] = int(fields[1])
-            except OSError:
-                pass
-    out: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - out
-        out |= frontier
-    return out
 
 
 def alive(pid: int) -> bool:

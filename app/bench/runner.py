@@ -18,6 +18,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..api.config import parse_size
@@ -128,11 +129,18 @@ def _placement_workload(args: argparse.Namespace, shm_root: str) -> dict[str, An
     """Issue 69: a launch-bound step beside the loader decoding JPEG at full tilt, placed or not."""
     from .placement_section import placement_workload
 
+    return _on_jpeg(args, shm_root, "placement", placement_workload)
+
+
+def _on_jpeg(args: argparse.Namespace, shm_root: str, name: str,
+             section: Callable[[argparse.Namespace, str, Callable[..., dict[str, Any]]], dict[str, Any]]
+             ) -> dict[str, Any]:
+    """A section run on a copy of the JPEG dataset in /dev/shm (its tar shards only), removed after it."""
     src = _dataset("jpeg", args.jpeg_samples, parse_size(args.sample_size), args.cache_dir)
-    dst = os.path.join(shm_root, "placement")
+    dst = os.path.join(shm_root, name)
     shutil.copytree(src, dst, ignore=_PEER_DIRS)
     try:
-        return placement_workload(args, os.path.join(dst, "*.tar"), _run_json)
+        return section(args, os.path.join(dst, "*.tar"), _run_json)
     finally:
         shutil.rmtree(dst)
 
@@ -141,13 +149,7 @@ def _remote_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
     """Issue 70: JPEG decoded on the GPU node's CPU, and on a Ray node's beside it."""
     from .remote_section import remote_workload
 
-    src = _dataset("jpeg", args.jpeg_samples, parse_size(args.sample_size), args.cache_dir)
-    dst = os.path.join(shm_root, "remote")
-    shutil.copytree(src, dst, ignore=_PEER_DIRS)
-    try:
-        return remote_workload(args, os.path.join(dst, "*.tar"), _run_json)
-    finally:
-        shutil.rmtree(dst)
+    return _on_jpeg(args, shm_root, "remote", remote_workload)
 
 
 def _shuffle_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:

@@ -180,7 +180,7 @@ class RemoteWorker(Worker):
         self._in_hand(chunk[0])
         b.chunks.append(self._pack(rows, chunk))
         if rows == 0:
-            b.generation, b.formed = self.link.generation, True
+            b.generation = self.link.generation
         # a batch goes on only on the actor that holds its first rows
         b.pending = self.link.submit(b.number, b.chunks) if b.generation == self.link.generation else None
         return True
@@ -196,6 +196,7 @@ class RemoteWorker(Worker):
             return
         batch_size = self.ring.layout.batch_size
         notes: list[tuple[str, str]] = []
+        verdicts = [0] * len(ERROR_REASONS)  # the actor's: counted once the batch is done (a redo here counts its own)
         n = read = written = redone = received = 0
         answer = None
         seen = 0  # items whose verdicts are in
@@ -205,7 +206,7 @@ class RemoteWorker(Worker):
                 received += answer.slot.nbytes
                 chunk = b.items[seen:]
                 for i, reason, text in answer.failed:
-                    b.errors[_REASON[reason]] += 1
+                    verdicts[_REASON[reason]] += 1
                     notes.append((reason, f"{chunk[i].shard.path} sample {chunk[i].sample.key!r}: {text}"))
                 seen = len(b.items)
                 n, read, written = answer.rows, read + answer.read, written + answer.written
@@ -224,6 +225,7 @@ class RemoteWorker(Worker):
             return
         self.status[1] = IDLE
         assert self.epoch is not None
+        b.errors = [a + v for a, v in zip(b.errors, verdicts)]
         for reason, text in notes:
             self.epoch.note(reason, text)
         if answer is not None and n:
