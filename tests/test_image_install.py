@@ -76,6 +76,6 @@ def test_the_install_step_refuses_a_base_torch_older_than_the_project_needs(tmp_
 def test_the_dockerfile_installs_through_that_step():
     with open(os.path.join(ROOT, "Dockerfile")) as f:
         text = f.read()
-    assert "install-feedline \"/src[zstd]\"" in text
+    assert "install-feedline \"/src[zstd,ray]\"" in text  # Ray: the decode nodes of remote decoding
     with open(os.path.join(ROOT, "pyproject.toml")) as f:
         assert '"torch>=' in f.read()  # a range, never a pin pip would act on in a CUDA base image
