@@ -290,3 +290,32 @@ def test_remote_needs_a_number_of_workers_and_no_more_places_than_workers(shards
         StagingLoader(shards, workers="auto", remote="127.0.0.1:1")
     with pytest.raises(SettingError, match="places=3 is more than workers=2"):
         StagingLoader(shards, workers=2, transform=crop(), remote="127.0.0.1:1,places=3")
+
+
+def test_the_slot_stream_takes_only_the_actor_with_the_key_and_drops_the_frames_of_calls_given_up():
+    """The slots' own TCP stream (remote/slots.py), real sockets on 127.0.0.1: a connection without the key is
+    refused; frames of earlier calls are read and dropped; call n's slot lands in the buffer given for it."""
+    import socket
+
+    import numpy as np
+
+    from feedline.loader.remote.slots import SlotReceiver, SlotStream
+
+    receiver = SlotReceiver("127.0.0.1", 64)
+    try:
+        key = receiver.new_key()
+        stranger = socket.create_connection(("127.0.0.1", receiver.port))
+        stranger.sendall(b"x" * len(key))
+        actor = SlotStream.connect("127.0.0.1", receiver.port, key)
+        assert actor is not None and receiver.accept()
+        actor.send(1, np.full(64, 1, np.uint8))  # a call the proxy gave up on
+        actor.send(2, np.arange(64, dtype=np.uint8))
+        into = np.zeros(64, np.uint8)
+        assert receiver.receive(2, memoryview(into), lambda: False) == 64
+        assert into.tolist() == list(range(64))
+        actor.sock.close()  # the actor is gone: the proxy hears it at once, not after a timeout
+        with pytest.raises(OSError):
+            receiver.receive(3, memoryview(into), lambda: False)
+        stranger.close()
+    finally:
+        receiver.close()

@@ -23,6 +23,9 @@ from ..layout.spec import Spec
 from ..plan.seeding import reseed
 from ..ring.batch_ring import RingLayout
 from ..workers.sample_writer import SampleWriter, rejection
+from .slots import SlotStream
+
+_EMPTY = np.empty(0, np.uint8)
 
 
 def layout_of(d: dict[str, Any]) -> RingLayout:
@@ -39,14 +42,22 @@ class DecodeActor:
         self.writer = SampleWriter(self.layout, code)
         self.batch_size = self.layout.batch_size
         self.batches: dict[int, _Batch] = {}  # the proxy's batches in flight (at most DEPTH, plus one given back)
+        self.stream: SlotStream | None = None
 
     def ready(self) -> int:
         return os.getpid()
 
-    def decode(self, token: int, start: int, index: bytes, blob: np.ndarray) -> tuple[bytes, np.ndarray]:
+    def stream_to(self, host: str, port: int, key: bytes) -> bool:
+        """Send the slots to the proxy over a TCP connection of their own (``slots.py``), not in Ray's replies;
+        False where the proxy cannot be reached (they go in the replies then)."""
+        self.stream = SlotStream.connect(host, port, key)
+        return self.stream is not None
+
+    def decode(self, token: int, start: int, index: bytes, blob: np.ndarray,
+               seq: int = 0) -> tuple[bytes, np.ndarray]:
         """Decode the samples ``index`` lists (JSON: path, key, [[ext, offset, size]...], seed, source; the
         offsets into ``blob``) into rows ``start``... of batch ``token``; (a JSON record of the verdicts and
-        counts, the batch's slot)."""
+        counts, the batch's slot: empty when it went to the proxy's stream as call ``seq``)."""
         if start == 0:
             b = self.batches.pop(token, None)
             while len(self.batches) >= KEPT:  # the oldest: the proxy has its answer
@@ -81,6 +92,9 @@ class DecodeActor:
         b.side = writer.side.offset
         record = {"rows": b.n, "failed": failed, "read": read, "written": written,
                   "decode_ns": time.perf_counter_ns() - t0}
+        if self.stream is not None:
+            self.stream.send(seq, b.buffer)  # before the reply: the proxy reads it first, then the reply
+            return json.dumps(record).encode(), _EMPTY
         return json.dumps(record).encode(), b.buffer
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 import sys
 import threading
 from typing import Any, NamedTuple
@@ -21,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .cluster import answers
+from .slots import SlotReceiver
 from .settings import RemoteDecode
 
 log = logging.getLogger("feedline.remote")
@@ -38,10 +40,13 @@ class Unavailable(Exception):
 
 
 class Pending(NamedTuple):
-    """A chunk sent: the answer to come, and which of the place's actors owes it."""
+    """A chunk sent: the answer to come, which of the place's actors owes it, and (streamed) the number its slot's
+    frame carries on the slot stream."""
 
     ref: Any
     generation: int
+    seq: int = 0
+    streamed: bool = False
 
 
 class Answer:
@@ -53,7 +58,8 @@ class Answer:
         self.read: int = record["read"]
         self.written: int = record["written"]
         self.decode_ns: int = record["decode_ns"]
-        self.slot = slot
+        self.slot = slot  # empty when it came on the slot stream, straight into the ring
+        self.received = slot.nbytes
 
 
 class ActorLink:
@@ -73,6 +79,9 @@ class ActorLink:
         self.pid: int | None = None
         self.generation = 0  # counts the actors started: an answer owed by an earlier one is not waited for
         self._losses = 0  # actors lost since the last answer
+        self._seq = 0  # calls sent: each slot's frame on the stream carries its call's number
+        self.slots: SlotReceiver | None = None
+        self.streaming = False  # the current actor sends its slots on the slot stream
         problem = answers(remote.address, remote.connect_timeout)
         if problem is not None:
             raise Lost(f"no Ray cluster answers at {remote.address} ({problem})")
@@ -82,6 +91,10 @@ class ActorLink:
                      logging_level=logging.WARNING, configure_logging=False)
         from .actor import DecodeActor
 
+        try:  # where this node's actors... and other nodes' reach it: the address Ray knows this node by
+            self.slots = SlotReceiver(ray.util.get_node_ip_address(), slot_bytes)
+        except OSError as exc:
+            log.warning("remote: worker place %d receives its slots through Ray (no slot stream: %s)", place, exc)
         self._actor_class = ray.remote(DecodeActor)
         self._start()
 
@@ -90,8 +103,11 @@ class ActorLink:
         self.generation += 1
         self._actor = self._actor_class.options(num_cpus=self.remote.cpus, max_restarts=0, max_task_retries=0,
                                                 scheduling_strategy="SPREAD").remote(self._code, self._ring)
+        self._stream_ref = (self._actor.stream_to.remote(self.slots.host, self.slots.port, self.slots.new_key())
+                            if self.slots is not None else None)
         self._ready_ref = self._actor.ready.remote()
         self.pid = None
+        self.streaming = False
 
     def started(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the first actor to start (at the place's start: its first batches go
@@ -114,6 +130,8 @@ class ActorLink:
             return False
         try:
             self.pid = int(ray.get(self._ready_ref))
+            self.streaming = bool(self._stream_ref is not None and ray.get(self._stream_ref)
+                                  and self.slots is not None and self.slots.accept())
         except Exception as exc:  # it died starting: another one
             self._replace(exc)
             return False
@@ -125,30 +143,52 @@ class ActorLink:
         (``wait`` then says the batch is to be decoded locally)."""
         try:
             start, index, blob = chunks[-1]
-            return Pending(self._actor.decode.remote(token, start, index, blob), self.generation)
+            self._seq += 1
+            return Pending(self._actor.decode.remote(token, start, index, blob, self._seq), self.generation,
+                           self._seq, self.streaming)
         except Exception:  # an actor handle that is gone
             log.debug("remote: a chunk could not be sent", exc_info=True)
             return None
 
     def ready(self, pending: Pending | None) -> bool:
-        """The answer is in (or nothing was sent: ``wait`` will not wait on the actor for it)."""
+        """The answer is coming in (or nothing was sent: ``wait`` will not wait on the actor for it). A streamed
+        slot's frame comes before its reply: its first bytes say so."""
         if pending is None:
             return True
+        if pending.streamed and self.slots is not None and self.slots.conn is not None:
+            readable, _, _ = select.select([self.slots.conn], [], [], 0)
+            if readable:
+                return True
         done, _ = self._ray.wait([pending.ref], timeout=0)
         return bool(done)
 
-    def wait(self, pending: Pending | None) -> Answer:
-        """The answer to a chunk; ``Unavailable`` when its actor was lost (replaced meanwhile), ``Lost`` when the
-        cluster is gone."""
+    def wait_for(self, pipe: Any, poll: float) -> str | None:
+        """What comes first: a command on the proxy's ``pipe`` ("pipe"), or the slot stream's bytes ("answer"), up to
+        a second; without a stream, the pipe for ``poll`` seconds (the caller asks ``ready`` in between). None:
+        nothing yet."""
+        if self.streaming and self.slots is not None and self.slots.conn is not None:
+            readable, _, _ = select.select([pipe, self.slots.conn], [], [], 1.0)
+            return "pipe" if pipe in readable else "answer" if readable else None
+        return "pipe" if pipe.poll(poll) else None
+
+    def wait(self, pending: Pending | None, into: memoryview) -> Answer:
+        """The answer to a chunk, its slot in ``into`` (streamed: received there; else ``Answer.slot`` holds it);
+        ``Unavailable`` when its actor was lost (replaced meanwhile), ``Lost`` when the cluster is gone."""
         from ray.exceptions import GetTimeoutError, RayError
 
         if pending is None or pending.generation != self.generation:
             raise Unavailable("its actor was lost before it answered")
+        ray = self._ray
         try:
-            answer = self._check(self._ray.get(pending.ref, timeout=CALL_TIMEOUT))
-        except (RayError, GetTimeoutError) as exc:
+            if pending.streamed:
+                assert self.slots is not None
+                size = self.slots.receive(pending.seq, into, lambda: bool(ray.wait([pending.ref], timeout=0)[0]))
+            answer = self._check(ray.get(pending.ref, timeout=CALL_TIMEOUT), pending.streamed)
+        except (RayError, GetTimeoutError, OSError) as exc:
             self._replace(exc)
             raise Unavailable(f"its actor was lost ({type(exc).__name__})") from None
+        if pending.streamed:
+            answer.received = size
         self._losses = 0
         return answer
 
@@ -166,11 +206,12 @@ class ActorLink:
             raise Lost(f"{ATTEMPTS} decode actors in a row were lost before one answered")
         self._start()
 
-    def _check(self, answer: Any) -> Answer:
-        """Only bytes and a uint8 array of a slot's size are taken from an actor."""
+    def _check(self, answer: Any, streamed: bool) -> Answer:
+        """Only bytes and a uint8 array of a slot's size (none, when the slot came on the stream) are taken from
+        an actor."""
         if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], bytes)
                 and isinstance(answer[1], np.ndarray) and answer[1].dtype == np.uint8
-                and answer[1].shape == (self.slot_bytes,)):
+                and answer[1].shape == ((0,) if streamed else (self.slot_bytes,))):
             raise RuntimeError(f"a decode actor answered {type(answer).__name__}, not (bytes, a slot's uint8 array): "
                                f"do the training node and the decode nodes run the same feedline?")
         return Answer(json.loads(answer[0]), answer[1])
@@ -192,6 +233,8 @@ class ActorLink:
     def close(self) -> None:
         """End the actor and this process's connection to the cluster."""
         self._kill()
+        if self.slots is not None:
+            self.slots.close()
         try:
             self._ray.shutdown()
         except Exception:

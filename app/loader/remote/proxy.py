@@ -3,8 +3,8 @@
 The proxy is an ordinary worker process of the pool (same pipe, same ring slots, same status table, same
 replacement when it dies), so the plan, the order, the resume positions and the failure budget are the local
 ones by construction. Per batch it takes the samples its stream gives, sends their encoded bytes and seeds to
-its actor, takes more if some were bad (the verdicts come back), and copies the finished slot into the ring
-once. The training process does none of this work, and never imports Ray.
+its actor, takes more if some were bad (the verdicts come back), and receives the finished slot straight into
+its ring slot (``slots.py``; or copies it there once from Ray's reply). The training process does none of this work, and never imports Ray.
 
 Two batches are in flight at a time (``DEPTH``): while the actor decodes one, the next one's bytes travel, so
 the actor is not idle through each batch's round trip. A batch's samples are the stream's next ones, which
@@ -37,7 +37,7 @@ from .settings import RemoteDecode
 log = logging.getLogger("feedline.remote")
 _REASON = {r: i for i, r in enumerate(ERROR_REASONS)}
 DEPTH = 2  # batches of a place in flight to its actor
-POLL = 0.005  # seconds between looks at the pipe while a batch is in flight
+POLL = 0.005  # seconds between looks at the pipe and the answer while a batch is in flight (its slot not streamed)
 
 
 @dataclass
@@ -65,6 +65,7 @@ class RemoteWorker(Worker):
         self._shipped = (selection.extensions | {tfrecord.RECORD} if selection.names is not None
                          else None if self.writer.wanted is None else set(self.writer.wanted) | {tfrecord.RECORD})
         self._pushback: deque[SampleRef] = deque()  # samples taken for a batch formed again: the stream's front
+        self._blob = np.empty(0, np.uint8)  # the members of the chunk being sent
         self.link: ActorLink | None = None
         try:
             self.link = ActorLink(remote, args.worker_id, args.code, args.setup.ring.to_json(),
@@ -107,7 +108,10 @@ class RemoteWorker(Worker):
                 if len(inflight) >= DEPTH or self.link.ready(inflight[0].pending):
                     self._complete(inflight)
                     continue
-                if not conn.poll(POLL):
+                came = self.link.wait_for(conn, POLL)  # a fill, or the head batch's answer coming in
+                if came == "answer":
+                    self._complete(inflight)
+                if came != "pipe":
                     continue
             elif inflight:  # the cluster went: what is in flight is decoded here, in order
                 self._complete(inflight)
@@ -201,9 +205,11 @@ class RemoteWorker(Worker):
         answer = None
         seen = 0  # items whose verdicts are in
         try:
+            sb = self.ring.layout.slot_bytes
+            into = memoryview(self.ring.memory.base[b.slot * sb : (b.slot + 1) * sb])
             while b.chunks:  # none: the stream had no sample left for this batch
-                answer = self.link.wait(b.pending)
-                received += answer.slot.nbytes
+                answer = self.link.wait(b.pending, into)
+                received += answer.received
                 chunk = b.items[seen:]
                 for i, reason, text in answer.failed:
                     verdicts[_REASON[reason]] += 1
@@ -228,7 +234,7 @@ class RemoteWorker(Worker):
         b.errors = [a + v for a, v in zip(b.errors, verdicts)]
         for reason, text in notes:
             self.epoch.note(reason, text)
-        if answer is not None and n:
+        if answer is not None and n and answer.slot.nbytes:  # (a streamed slot is in the ring already)
             sb = self.ring.layout.slot_bytes
             self.ring.memory.base[b.slot * sb : (b.slot + 1) * sb] = answer.slot  # the one copy into the ring
         sent = sum(len(index) + blob.nbytes for _, index, blob in b.chunks)
@@ -270,7 +276,10 @@ class RemoteWorker(Worker):
             extra = 4 if tfrecord.is_tfrecord(item.shard.path) else 0  # a record's CRC follows its data
             parts.append([(ext, off, size, extra) for ext, (off, size) in item.sample.fields.items()
                           if self._shipped is None or ext in self._shipped])
-        blob = np.empty(sum(size + extra for members in parts for _, _, size, extra in members), np.uint8)
+        total = sum(size + extra for members in parts for _, _, size, extra in members)
+        if len(self._blob) < total:  # one buffer a proxy, grown as needed: Ray copies a call's arguments as it sends
+            self._blob = np.empty(max(total, 2 * len(self._blob)), np.uint8)
+        blob = self._blob
         index = []
         at = 0
         for item, members in zip(chunk, parts):
