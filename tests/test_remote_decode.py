@@ -89,8 +89,8 @@ def local(shards):
 def test_batches_are_bit_identical_with_remote_decoding_off_for_some_places_and_for_all(cluster, shards, local):
     expected, stats = local
     assert stats.batches_decoded_total == {"local": len(expected), "remote": 0}
-    for places in (1, 2):
-        got, stats = batches(shards, RemoteDecode(cluster.address, places=places))
+    for places, stream in ((1, True), (2, True), (2, False)):  # stream off: calls and slots through Ray
+        got, stats = batches(shards, RemoteDecode(cluster.address, places=places, stream=stream))
         same(got, expected)
         assert stats.batches_decoded_total["remote"] > 0
         remote = stats.batches_decoded_total["remote"]
@@ -113,10 +113,11 @@ def test_batches_that_skip_many_bad_samples_are_the_same_remote_as_local(cluster
         write_tar(str(tmp_path / f"bad-{s}.tar"), samples)
     pattern = str(tmp_path / "bad-{0..2}.tar")
     local, local_stats = batches(pattern, max_sample_errors=0.5)
-    remote, remote_stats = batches(pattern, f"{cluster.address},places=2", max_sample_errors=0.5)
-    same(remote, local)
-    assert remote_stats.sample_errors_total["corrupt"] == local_stats.sample_errors_total["corrupt"] == 30
-    assert remote_stats.batches_decoded_total["local"] == 0
+    for stream in ("on", "off"):
+        remote, remote_stats = batches(pattern, f"{cluster.address},places=2,stream={stream}", max_sample_errors=0.5)
+        same(remote, local)
+        assert remote_stats.sample_errors_total["corrupt"] == local_stats.sample_errors_total["corrupt"] == 30
+        assert remote_stats.batches_decoded_total["local"] == 0
 
 
 def test_a_state_saved_with_remote_decoding_resumes_exactly_without_it_and_back(cluster, shards, local):
@@ -278,6 +279,7 @@ def test_asking_for_remote_without_ray_installed_says_how_to_install(tmp_path):
     ("auto,speed=3", "'speed=3' is not an option"),
     ("auto,fallback=maybe", "fallback must be one of error, local"),
     ("auto,cpus=0", "cpus (Ray CPUs an actor asks for) must be a number in (0, 256]"),
+    ("auto,stream=maybe", "stream must be on or off, got 'maybe'"),
     ("ray://head:10001", "ray://head:10001: Ray Client (ray://) would route every batch through the head"),
 ])
 def test_a_remote_setting_that_cannot_work_is_refused_naming_what_would(value, named):
@@ -292,30 +294,41 @@ def test_remote_needs_a_number_of_workers_and_no_more_places_than_workers(shards
         StagingLoader(shards, workers=2, transform=crop(), remote="127.0.0.1:1,places=3")
 
 
-def test_the_slot_stream_takes_only_the_actor_with_the_key_and_drops_the_frames_of_calls_given_up():
-    """The slots' own TCP stream (remote/slots.py), real sockets on 127.0.0.1: a connection without the key is
-    refused; frames of earlier calls are read and dropped; call n's slot lands in the buffer given for it."""
+def test_the_stream_takes_only_the_actor_with_the_key_and_carries_calls_out_and_answers_back():
+    """A place's own TCP stream (remote/channel.py), real sockets on 127.0.0.1: a connection without the key is
+    refused; a call's members arrive whole from several views; answers of calls given up are read and dropped; call
+    n's slot lands in the buffer given for it with its record."""
+    import queue
     import socket
 
     import numpy as np
 
-    from feedline.loader.remote.slots import SlotReceiver, SlotStream
+    from feedline.loader.remote.channel import ActorChannel, ProxyChannel
 
-    receiver = SlotReceiver("127.0.0.1", 64)
+    receiver = ProxyChannel("127.0.0.1", 64)
     try:
         key = receiver.new_key()
         stranger = socket.create_connection(("127.0.0.1", receiver.port))
         stranger.sendall(b"x" * len(key))
-        actor = SlotStream.connect("127.0.0.1", receiver.port, key)
-        assert actor is not None and receiver.accept()
-        actor.send(1, np.full(64, 1, np.uint8))  # a call the proxy gave up on
-        actor.send(2, np.arange(64, dtype=np.uint8))
+        actor = ActorChannel.connect("127.0.0.1", receiver.port, key)
+        assert actor is not None and receiver.accept(lambda: False, timeout=10)
+        members = bytes(range(200)) * 10
+        receiver.send_call(5, 9, 3, b'[["a"]]', [memoryview(members)[:700], memoryview(members)[700:]])
+        calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=actor.read_calls, args=(calls,), daemon=True).start()
+        call = calls.get(timeout=10)
+        assert (call.seq, call.token, call.start, call.index) == (5, 9, 3, b'[["a"]]')
+        assert call.members.tobytes() == members
+        actor.send(4, b"{}", np.full(64, 1, np.uint8))  # a call the proxy gave up on
+        actor.send(5, b'{"rows": 2}', np.arange(64, dtype=np.uint8))
         into = np.zeros(64, np.uint8)
-        assert receiver.receive(2, memoryview(into), lambda: False) == 64
+        assert receiver.receive(5, memoryview(into), lambda: False) == (64, b'{"rows": 2}')
         assert into.tolist() == list(range(64))
-        actor.sock.close()  # the actor is gone: the proxy hears it at once, not after a timeout
+        actor.sock.shutdown(socket.SHUT_RDWR)  # the actor is gone: the proxy hears it at once, not after a timeout
+        assert calls.get(timeout=10) is None  # and the actor's reader ends
         with pytest.raises(OSError):
-            receiver.receive(3, memoryview(into), lambda: False)
+            receiver.receive(6, memoryview(into), lambda: False)
+        actor.close()
         stranger.close()
     finally:
         receiver.close()

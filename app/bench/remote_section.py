@@ -2,8 +2,8 @@
 
 The "GPU node" is CPU 0: the training process (each row's process, under ``taskset``), its local worker, and a
 Ray head node offering no CPUs to actors (as docs/remote.md tells a GPU host to join); the "Ray node" is CPU 1,
-a second Ray node (``ray start`` under ``taskset``) with one CPU. Each node has its own object store, so every
-batch decoded there crosses between stores over TCP, as between machines. Rows (``remote_bench.py``), in
+a second Ray node (``ray start`` under ``taskset``) with one CPU. Each node has its own object store and nothing
+is shared between them: every batch decoded there crosses over TCP (the place's own stream), as between machines. Rows (``remote_bench.py``), in
 interleaved rounds: feedline with its one local worker; feedline with that worker and one place decoded by an
 actor on the Ray node (target >= 1.7x local only); and, on a cluster of the same two CPU sets started from
 ``.venv-raydata`` (Ray Data needs pandas, which .venv does not carry) whose head offers its CPU too, Ray Data's
@@ -85,8 +85,9 @@ def markdown_lines(section: dict[str, Any]) -> list[str]:
     per = rows.get(REMOTE, {}).get("bytes_per_sample")
     lines += ["", "Each node is a Ray node with its own object store; the GPU node offers no CPUs to actors, so "
                   "the remote place's actor runs on CPU 1 and each of its batches crosses between the nodes over "
-                  "TCP: the encoded samples in Ray's calls (inside the messages: the cluster settings of "
-                  "[remote.md](remote.md#running-it)), the slots on the slot stream, straight into the ring. The "
+                  "TCP on the place's own stream ([remote.md](remote.md#running-it)): the encoded samples out, "
+                  "sent from the shard's mapping, and the slot back, received straight into the ring; Ray places "
+                  "the actor and carries the stream's key. The "
                   "training process (each row's process) runs on CPU 0 with the local worker and the remote "
                   "place's proxy process; its CPU a batch is all of its threads' CPU over its batches. The places "
                   "deliver in turn, so the pair runs at twice the slower one: the local worker, which shares CPU 0 "

@@ -2,16 +2,19 @@
 
 It runs the worker's own ``SampleWriter`` on the same bytes with each sample's own seed, into a private buffer
 laid out exactly as a ring slot, so the proxy lands it in its slot with one copy and the batch is bit-identical
-with one decoded on the training node. It holds one batch at a time (its proxy's): a batch that needs more
-samples than its first chunk (bad ones were skipped) continues at ``start``.
+with one decoded on the training node. It keeps the rows of its proxy's last few batches (``KEPT``): a batch that
+needs more samples than its first chunk (bad ones were skipped) continues at ``start``.
 
-What goes back is small and plain: the slot's bytes (a numpy array) and a JSON record of each sample's verdict.
+What goes back is small and plain: the slot's bytes and a JSON record of each sample's verdict, on the proxy's own
+stream (``serve``) or, where that cannot connect, in Ray's replies (``decode``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 import time
 from typing import Any
 
@@ -23,9 +26,7 @@ from ..layout.spec import Spec
 from ..plan.seeding import reseed
 from ..ring.batch_ring import RingLayout
 from ..workers.sample_writer import SampleWriter, rejection
-from .slots import SlotStream
-
-_EMPTY = np.empty(0, np.uint8)
+from .channel import ActorChannel, Call
 
 
 def layout_of(d: dict[str, Any]) -> RingLayout:
@@ -42,22 +43,36 @@ class DecodeActor:
         self.writer = SampleWriter(self.layout, code)
         self.batch_size = self.layout.batch_size
         self.batches: dict[int, _Batch] = {}  # the proxy's batches in flight (at most DEPTH, plus one given back)
-        self.stream: SlotStream | None = None
 
     def ready(self) -> int:
         return os.getpid()
 
-    def stream_to(self, host: str, port: int, key: bytes) -> bool:
-        """Send the slots to the proxy over a TCP connection of their own (``slots.py``), not in Ray's replies;
-        False where the proxy cannot be reached (they go in the replies then)."""
-        self.stream = SlotStream.connect(host, port, key)
-        return self.stream is not None
+    def serve(self, host: str, port: int, key: bytes) -> bool:
+        """Decode the calls that come on the proxy's own stream (``channel.py``) until the proxy closes it; False at
+        once where the proxy cannot be reached (its calls come through Ray then, to ``decode``). Its call stays
+        running while the place's batches come: its end is how the proxy hears that the actor is gone."""
+        stream = ActorChannel.connect(host, port, key)
+        if stream is None:
+            return False
+        calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
+        reader = threading.Thread(target=stream.read_calls, args=(calls,), name="feedline-calls", daemon=True)
+        reader.start()  # calls are read while a slot is sent: neither end ever waits on the other's writing
+        try:
+            while (call := calls.get()) is not None:
+                record, slot = self._decode(call.token, call.start, call.index, call.members)
+                stream.send(call.seq, record, slot)
+        finally:
+            stream.close()
+        return True
 
-    def decode(self, token: int, start: int, index: bytes, blob: np.ndarray,
-               seq: int = 0) -> tuple[bytes, np.ndarray]:
+    def decode(self, token: int, start: int, index: bytes, blob: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """A call through Ray, where the proxy's stream could not connect: (the JSON record, the batch's slot)."""
+        return self._decode(token, start, index, blob)
+
+    def _decode(self, token: int, start: int, index: bytes, blob: np.ndarray) -> tuple[bytes, np.ndarray]:
         """Decode the samples ``index`` lists (JSON: path, key, [[ext, offset, size]...], seed, source; the
         offsets into ``blob``) into rows ``start``... of batch ``token``; (a JSON record of the verdicts and
-        counts, the batch's slot: empty when it went to the proxy's stream as call ``seq``)."""
+        counts, the batch's slot)."""
         if start == 0:
             b = self.batches.pop(token, None)
             while len(self.batches) >= KEPT:  # the oldest: the proxy has its answer
@@ -92,9 +107,6 @@ class DecodeActor:
         b.side = writer.side.offset
         record = {"rows": b.n, "failed": failed, "read": read, "written": written,
                   "decode_ns": time.perf_counter_ns() - t0}
-        if self.stream is not None:
-            self.stream.send(seq, b.buffer)  # before the reply: the proxy reads it first, then the reply
-            return json.dumps(record).encode(), _EMPTY
         return json.dumps(record).encode(), b.buffer
 
 

@@ -22,10 +22,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .cluster import answers
-from .slots import SlotReceiver
+from .channel import ProxyChannel
 from .settings import RemoteDecode
 
 log = logging.getLogger("feedline.remote")
+_EMPTY = np.empty(0, np.uint8)
 
 CALL_TIMEOUT = 120.0  # seconds one chunk may take on an actor before it counts as lost
 ATTEMPTS = 3  # actors lost in a row, no answer between, before the cluster counts as gone
@@ -40,8 +41,8 @@ class Unavailable(Exception):
 
 
 class Pending(NamedTuple):
-    """A chunk sent: the answer to come, which of the place's actors owes it, and (streamed) the number its slot's
-    frame carries on the slot stream."""
+    """A chunk sent: the answer to come (Ray's reply; None on the stream), which of the place's actors owes it,
+    and its call's number."""
 
     ref: Any
     generation: int
@@ -49,17 +50,33 @@ class Pending(NamedTuple):
     streamed: bool = False
 
 
+class Chunk(NamedTuple):
+    """Rows ``start``... of a batch: the JSON index of its samples, and their members as views of the shards'
+    mappings (sent from there)."""
+
+    start: int
+    index: bytes
+    members: list[memoryview]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.index) + sum(m.nbytes for m in self.members)
+
+
 class Answer:
     """What an actor returned for one chunk, checked: its verdicts and the slot's bytes."""
 
-    def __init__(self, record: dict[str, Any], slot: np.ndarray):
-        self.rows: int = record["rows"]
-        self.failed: list[tuple[int, str, str]] = [(int(i), str(r), str(t)) for i, r, t in record["failed"]]
-        self.read: int = record["read"]
-        self.written: int = record["written"]
-        self.decode_ns: int = record["decode_ns"]
-        self.slot = slot  # empty when it came on the slot stream, straight into the ring
-        self.received = slot.nbytes
+    def __init__(self, record: bytes, slot: np.ndarray):
+        try:
+            r = json.loads(record)
+            self.rows: int = int(r["rows"])
+            self.failed: list[tuple[int, str, str]] = [(int(i), str(x), str(t)) for i, x, t in r["failed"]]
+            self.read, self.written, self.decode_ns = int(r["read"]), int(r["written"]), int(r["decode_ns"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise OSError(f"a decode actor answered a record that is not one ({type(exc).__name__}): do the "
+                          f"training node and the decode nodes run the same feedline?") from None
+        self.slot = slot  # empty when it came on the stream, straight into the ring
+        self.received = slot.nbytes + len(record)
 
 
 class ActorLink:
@@ -76,38 +93,47 @@ class ActorLink:
         self._ring = ring
         self._actor: Any = None
         self._ready_ref: Any = None
+        self._serve_ref: Any = None
         self.pid: int | None = None
         self.generation = 0  # counts the actors started: an answer owed by an earlier one is not waited for
         self._losses = 0  # actors lost since the last answer
-        self._seq = 0  # calls sent: each slot's frame on the stream carries its call's number
-        self.slots: SlotReceiver | None = None
-        self.streaming = False  # the current actor sends its slots on the slot stream
+        self._seq = 0  # calls sent: each answer carries its call's number
+        self._broken: BaseException | None = None  # a call could not be sent: the actor is to be replaced
+        self._blob = np.empty(0, np.uint8)  # the members of a call sent through Ray
+        self.channel: ProxyChannel | None = None
+        self.streaming = False  # the current actor takes its calls on the place's own stream
         problem = answers(remote.address, remote.connect_timeout)
         if problem is not None:
             raise Lost(f"no Ray cluster answers at {remote.address} ({problem})")
         _code_by_value(code)
-        if not ray.is_initialized():
-            ray.init(address=remote.address, namespace="feedline", log_to_driver=False,
-                     logging_level=logging.WARNING, configure_logging=False)
-        from .actor import DecodeActor
+        try:
+            if not ray.is_initialized():
+                ray.init(address=remote.address, namespace="feedline", log_to_driver=False,
+                         logging_level=logging.WARNING, configure_logging=False)
+            from .actor import DecodeActor
 
-        try:  # where this node's actors... and other nodes' reach it: the address Ray knows this node by
-            self.slots = SlotReceiver(ray.util.get_node_ip_address(), slot_bytes)
-        except OSError as exc:
-            log.warning("remote: worker place %d receives its slots through Ray (no slot stream: %s)", place, exc)
-        self._actor_class = ray.remote(DecodeActor)
-        self._start()
+            try:  # where this node's actors... and other nodes' reach it: the address Ray knows this node by
+                self.channel = ProxyChannel(ray.util.get_node_ip_address(), slot_bytes) if remote.stream else None
+            except OSError as exc:
+                log.warning("remote: worker place %d talks to its actor through Ray (no stream of its own: %s)",
+                            place, exc)
+            self._actor_class = ray.remote(DecodeActor)
+            self._start()
+        except BaseException:
+            self.close()  # the listening socket and the connection are this link's: none outlives it
+            raise
 
     def _start(self) -> None:
         """A new actor, asked for now; ``available`` says when it has started."""
         self.generation += 1
         self._actor = self._actor_class.options(num_cpus=self.remote.cpus, max_restarts=0, max_task_retries=0,
                                                 scheduling_strategy="SPREAD").remote(self._code, self._ring)
-        self._stream_ref = (self._actor.stream_to.remote(self.slots.host, self.slots.port, self.slots.new_key())
-                            if self.slots is not None else None)
-        self._ready_ref = self._actor.ready.remote()
+        self._ready_ref = self._actor.ready.remote()  # before ``serve``, which holds the actor while it streams
+        self._serve_ref = (self._actor.serve.remote(self.channel.host, self.channel.port, self.channel.new_key())
+                           if self.channel is not None else None)
         self.pid = None
         self.streaming = False
+        self._broken = None
 
     def started(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the first actor to start (at the place's start: its first batches go
@@ -120,8 +146,8 @@ class ActorLink:
         return False
 
     def available(self) -> bool:
-        """The actor has started and takes batches (never waits: a place decodes locally until then; one that
-        cannot start yet, on a cluster without free CPUs, starts when a node joins)."""
+        """The actor has started and takes batches (never waits for a start: a place decodes locally until then;
+        one that cannot start yet, on a cluster without free CPUs, starts when a node joins)."""
         if self.pid is not None:
             return True
         ray = self._ray
@@ -130,44 +156,68 @@ class ActorLink:
             return False
         try:
             self.pid = int(ray.get(self._ready_ref))
-            self.streaming = bool(self._stream_ref is not None and ray.get(self._stream_ref)
-                                  and self.slots is not None and self.slots.accept())
+            if self.channel is not None:
+                self.streaming = self.channel.accept(self._served)
+                if not self.streaming and not self._served():
+                    raise OSError("it did not connect to its proxy's stream")
+                if not self.streaming and not ray.get(self._serve_ref):
+                    log.warning("remote: worker place %d talks to its actor through Ray: the actor cannot reach "
+                                "%s:%d", self.place, self.channel.host, self.channel.port)
         except Exception as exc:  # it died starting: another one
+            self.pid = None
             self._replace(exc)
             return False
         log.info("remote: worker place %d decodes on an actor (pid %d)", self.place, self.pid)
         return True
 
-    def submit(self, token: int, chunks: list[tuple[int, bytes, np.ndarray]]) -> Pending | None:
-        """Send the last of batch ``token``'s ``chunks`` to the actor, not waiting; None when it could not be sent
-        (``wait`` then says the batch is to be decoded locally)."""
+    def _served(self) -> bool:
+        """The actor's ``serve`` call has ended (it could not connect, or it is gone)."""
+        return self._serve_ref is not None and bool(self._ray.wait([self._serve_ref], timeout=0)[0])
+
+    def submit(self, token: int, chunk: Chunk) -> Pending | None:
+        """Send batch ``token``'s ``chunk`` to the actor, not waiting for its answer; None when it could not be sent
+        (``wait`` then replaces the actor and says the batch is to be decoded locally)."""
+        self._seq += 1
         try:
-            start, index, blob = chunks[-1]
-            self._seq += 1
-            return Pending(self._actor.decode.remote(token, start, index, blob, self._seq), self.generation,
-                           self._seq, self.streaming)
-        except Exception:  # an actor handle that is gone
+            if self.streaming:
+                assert self.channel is not None
+                self.channel.send_call(self._seq, token, chunk.start, chunk.index, chunk.members)
+                return Pending(None, self.generation, self._seq, True)
+            return Pending(self._actor.decode.remote(token, chunk.start, chunk.index, self._joined(chunk)),
+                           self.generation, self._seq)
+        except Exception as exc:  # the stream broke, or an actor handle that is gone
             log.debug("remote: a chunk could not be sent", exc_info=True)
+            self._broken = exc
             return None
 
+    def _joined(self, chunk: Chunk) -> np.ndarray:
+        """The members back to back, for a call through Ray (one buffer a link, grown as needed: Ray copies a
+        call's arguments as it sends)."""
+        total = sum(m.nbytes for m in chunk.members)
+        if len(self._blob) < total:
+            self._blob = np.empty(max(total, 2 * len(self._blob)), np.uint8)
+        at = 0
+        for m in chunk.members:
+            self._blob[at : at + m.nbytes] = np.frombuffer(m, np.uint8)
+            at += m.nbytes
+        return self._blob[:at]
+
     def ready(self, pending: Pending | None) -> bool:
-        """The answer is coming in (or nothing was sent: ``wait`` will not wait on the actor for it). A streamed
-        slot's frame comes before its reply: its first bytes say so."""
-        if pending is None:
+        """The answer is coming in (or nothing was sent: ``wait`` will not wait on the actor for it)."""
+        if pending is None or pending.generation != self.generation:
             return True
-        if pending.streamed and self.slots is not None and self.slots.conn is not None:
-            readable, _, _ = select.select([self.slots.conn], [], [], 0)
-            if readable:
-                return True
+        if pending.streamed:
+            assert self.channel is not None
+            return self.channel.readable() or self._served()
         done, _ = self._ray.wait([pending.ref], timeout=0)
         return bool(done)
 
     def wait_for(self, pipe: Any, poll: float) -> str | None:
-        """What comes first: a command on the proxy's ``pipe`` ("pipe"), or the slot stream's bytes ("answer"), up to
-        a second; without a stream, the pipe for ``poll`` seconds (the caller asks ``ready`` in between). None:
+        """What comes first: a command on the proxy's ``pipe`` ("pipe"), or an answer on the stream ("answer"), up
+        to a second; without a stream, the pipe for ``poll`` seconds (the caller asks ``ready`` in between). None:
         nothing yet."""
-        if self.streaming and self.slots is not None and self.slots.conn is not None:
-            readable, _, _ = select.select([pipe, self.slots.conn], [], [], 1.0)
+        if self.streaming and self.channel is not None and self.channel.conn is not None:
+            readable, _, _ = select.select([pipe, self.channel.conn], [], [], 1.0)
             return "pipe" if pipe in readable else "answer" if readable else None
         return "pipe" if pipe.poll(poll) else None
 
@@ -176,19 +226,22 @@ class ActorLink:
         ``Unavailable`` when its actor was lost (replaced meanwhile), ``Lost`` when the cluster is gone."""
         from ray.exceptions import GetTimeoutError, RayError
 
+        if pending is None and self._broken is not None:
+            self._replace(self._broken)
         if pending is None or pending.generation != self.generation:
             raise Unavailable("its actor was lost before it answered")
         ray = self._ray
         try:
             if pending.streamed:
-                assert self.slots is not None
-                size = self.slots.receive(pending.seq, into, lambda: bool(ray.wait([pending.ref], timeout=0)[0]))
-            answer = self._check(ray.get(pending.ref, timeout=CALL_TIMEOUT), pending.streamed)
+                assert self.channel is not None
+                size, record = self.channel.receive(pending.seq, into, self._served)
+                answer = Answer(record, _EMPTY)
+                answer.received += size
+            else:
+                answer = self._check(ray.get(pending.ref, timeout=CALL_TIMEOUT))
         except (RayError, GetTimeoutError, OSError) as exc:
             self._replace(exc)
             raise Unavailable(f"its actor was lost ({type(exc).__name__})") from None
-        if pending.streamed:
-            answer.received = size
         self._losses = 0
         return answer
 
@@ -206,15 +259,14 @@ class ActorLink:
             raise Lost(f"{ATTEMPTS} decode actors in a row were lost before one answered")
         self._start()
 
-    def _check(self, answer: Any, streamed: bool) -> Answer:
-        """Only bytes and a uint8 array of a slot's size (none, when the slot came on the stream) are taken from
-        an actor."""
+    def _check(self, answer: Any) -> Answer:
+        """Only bytes and a uint8 array of a slot's size are taken from an actor's reply."""
         if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], bytes)
                 and isinstance(answer[1], np.ndarray) and answer[1].dtype == np.uint8
-                and answer[1].shape == ((0,) if streamed else (self.slot_bytes,))):
-            raise RuntimeError(f"a decode actor answered {type(answer).__name__}, not (bytes, a slot's uint8 array): "
-                               f"do the training node and the decode nodes run the same feedline?")
-        return Answer(json.loads(answer[0]), answer[1])
+                and answer[1].shape == (self.slot_bytes,)):
+            raise OSError(f"a decode actor answered {type(answer).__name__}, not (bytes, a slot's uint8 array): "
+                          f"do the training node and the decode nodes run the same feedline?")
+        return Answer(answer[0], answer[1])
 
     def _kill(self) -> None:
         if self._actor is not None:
@@ -233,8 +285,8 @@ class ActorLink:
     def close(self) -> None:
         """End the actor and this process's connection to the cluster."""
         self._kill()
-        if self.slots is not None:
-            self.slots.close()
+        if self.channel is not None:
+            self.channel.close()
         try:
             self._ray.shutdown()
         except Exception:

@@ -2,9 +2,10 @@
 
 The proxy is an ordinary worker process of the pool (same pipe, same ring slots, same status table, same
 replacement when it dies), so the plan, the order, the resume positions and the failure budget are the local
-ones by construction. Per batch it takes the samples its stream gives, sends their encoded bytes and seeds to
-its actor, takes more if some were bad (the verdicts come back), and receives the finished slot straight into
-its ring slot (``slots.py``; or copies it there once from Ray's reply). The training process does none of this work, and never imports Ray.
+ones by construction. Per batch it takes the samples its stream gives, sends their encoded bytes (from the shards'
+mappings) and seeds to its actor, takes more if some were bad (the verdicts come back), and receives the finished
+slot straight into its ring slot, all on the place's own TCP stream (``channel.py``; through Ray's calls and replies
+where the actor cannot reach it). The training process does none of this work, and never imports Ray.
 
 Two batches are in flight at a time (``DEPTH``): while the actor decodes one, the next one's bytes travel, so
 the actor is not idle through each batch's round trip. A batch's samples are the stream's next ones, which
@@ -24,14 +25,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from ...formats import tfrecord
 from ..plan.stream import SampleRef
 from ..ring.batch_ring import IDLE
 from ..workers.messages import END, EPOCH, ERROR_REASONS, FILL, READY, STOP, BatchResult, decode_fill
 from ..workers.worker import Worker, WorkerArgs
-from .link import ActorLink, Lost, Pending, Unavailable
+from .link import ActorLink, Chunk, Lost, Pending, Unavailable
 from .settings import RemoteDecode
 
 log = logging.getLogger("feedline.remote")
@@ -47,7 +47,7 @@ class _Batch:
     slot: int
     number: int  # the worker-local batch number j
     items: list[SampleRef] = field(default_factory=list)
-    chunks: list[tuple[int, bytes, np.ndarray]] = field(default_factory=list)  # (first row, index, members)
+    sent: list[int] = field(default_factory=list)  # the bytes of each chunk sent
     errors: list[int] = field(default_factory=lambda: [0] * len(ERROR_REASONS))
     pending: Pending | None = None
     generation: int = 0  # the actor its first chunk went to: a later chunk goes to that one or nowhere
@@ -65,7 +65,6 @@ class RemoteWorker(Worker):
         self._shipped = (selection.extensions | {tfrecord.RECORD} if selection.names is not None
                          else None if self.writer.wanted is None else set(self.writer.wanted) | {tfrecord.RECORD})
         self._pushback: deque[SampleRef] = deque()  # samples taken for a batch formed again: the stream's front
-        self._blob = np.empty(0, np.uint8)  # the members of the chunk being sent
         self.link: ActorLink | None = None
         try:
             self.link = ActorLink(remote, args.worker_id, args.code, args.setup.ring.to_json(),
@@ -182,11 +181,15 @@ class RemoteWorker(Worker):
             return False
         b.items += chunk
         self._in_hand(chunk[0])
-        b.chunks.append(self._pack(rows, chunk))
         if rows == 0:
             b.generation = self.link.generation
-        # a batch goes on only on the actor that holds its first rows
-        b.pending = self.link.submit(b.number, b.chunks) if b.generation == self.link.generation else None
+        sending = self._pack(rows, chunk)
+        try:  # a batch goes on only on the actor that holds its first rows
+            b.pending = self.link.submit(b.number, sending) if b.generation == self.link.generation else None
+            b.sent.append(sending.nbytes)
+        finally:
+            for view in sending.members:  # the shards' mappings may close once the batch is done
+                view.release()
         return True
 
     def _complete(self, inflight: deque[_Batch]) -> None:
@@ -207,7 +210,7 @@ class RemoteWorker(Worker):
         try:
             sb = self.ring.layout.slot_bytes
             into = memoryview(self.ring.memory.base[b.slot * sb : (b.slot + 1) * sb])
-            while b.chunks:  # none: the stream had no sample left for this batch
+            while b.sent:  # none: the stream had no sample left for this batch
                 answer = self.link.wait(b.pending, into)
                 received += answer.received
                 chunk = b.items[seen:]
@@ -237,7 +240,7 @@ class RemoteWorker(Worker):
         if answer is not None and n and answer.slot.nbytes:  # (a streamed slot is in the ring already)
             sb = self.ring.layout.slot_bytes
             self.ring.memory.base[b.slot * sb : (b.slot + 1) * sb] = answer.slot  # the one copy into the ring
-        sent = sum(len(index) + blob.nbytes for _, index, blob in b.chunks)
+        sent = sum(b.sent)
         elapsed = answer.decode_ns if answer is not None else time.perf_counter_ns() - b.t0
         result = self._finish(b.slot, b.number, n, b.errors, elapsed, read, written, (1, redone, sent, received),
                               b.items[-1].pos + 1 if b.items else None)  # the stream ran ahead: this batch's end
@@ -251,7 +254,7 @@ class RemoteWorker(Worker):
         formed again once this one has what it needs (their take-time counts move with them, in total)."""
         for later in reversed(inflight):
             self._pushback.extendleft(reversed(later.items))
-            later.items, later.chunks, later.pending, later.formed = [], [], None, False
+            later.items, later.sent, later.pending, later.formed = [], [], None, False
 
     def _reform(self, inflight: deque[_Batch]) -> None:
         """The batches given back, formed again in order while the actor takes them (else decoded here)."""
@@ -264,36 +267,30 @@ class RemoteWorker(Worker):
         here (the later ones go to the actor again, or are decoded here too, as they complete)."""
         self._give_back(inflight)
         self._pushback.extendleft(reversed(b.items))
-        b.items, b.chunks = [], []
+        b.items, b.sent = [], []
         result = self._fill(b.slot, b.number, errors=b.errors)
         return result._replace(redone=1) if redone else result
 
-    def _pack(self, start: int, chunk: list[SampleRef]) -> tuple[int, bytes, np.ndarray]:
-        """(first row, a JSON index, the members the samples are read from, back to back): what an actor decodes
-        a chunk from."""
-        parts = []
-        for item in chunk:
-            extra = 4 if tfrecord.is_tfrecord(item.shard.path) else 0  # a record's CRC follows its data
-            parts.append([(ext, off, size, extra) for ext, (off, size) in item.sample.fields.items()
-                          if self._shipped is None or ext in self._shipped])
-        total = sum(size + extra for members in parts for _, _, size, extra in members)
-        if len(self._blob) < total:  # one buffer a proxy, grown as needed: Ray copies a call's arguments as it sends
-            self._blob = np.empty(max(total, 2 * len(self._blob)), np.uint8)
-        blob = self._blob
+    def _pack(self, start: int, chunk: list[SampleRef]) -> Chunk:
+        """Rows ``start``... from these samples: a JSON index, and the members they are read from as views of the
+        shards' mappings (sent from there, never copied here)."""
+        members: list[memoryview] = []
         index = []
         at = 0
-        for item, members in zip(chunk, parts):
+        for item in chunk:
+            extra = 4 if tfrecord.is_tfrecord(item.shard.path) else 0  # a record's CRC follows its data
             data = item.shard.view()
             try:
                 fields = []
-                for ext, off, size, extra in members:
+                for ext, (off, size) in item.sample.fields.items():
+                    if self._shipped is not None and ext not in self._shipped:
+                        continue
                     piece = data[off : off + size + extra]  # short where the shard is cut: as a local read
-                    blob[at : at + len(piece)] = np.frombuffer(piece, np.uint8)
+                    members.append(piece)
                     fields.append([ext, at, min(size, len(piece))])
                     at += len(piece)
-                    piece.release()
             finally:
                 data.release()
             seed = self._seed_of(item) if self.writer.reseed else None
             index.append([item.shard.path, item.sample.key, fields, seed, self._source_of(item)])
-        return start, json.dumps(index).encode(), blob[:at]
+        return Chunk(start, json.dumps(index).encode(), members)

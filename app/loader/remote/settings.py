@@ -1,7 +1,7 @@
 """``RemoteDecode``: which Ray cluster decodes, how much of the work it takes, and what to do without it.
 
 Written as an object, or as one string for ``FEEDLINE_REMOTE`` / ``--remote``:
-``ADDRESS[,places=N][,cpus=C][,fallback=local]`` (``auto``: ``RAY_ADDRESS``, else the cluster a local
+``ADDRESS[,places=N][,cpus=C][,fallback=local][,connect_timeout=S][,stream=off]`` (``auto``: ``RAY_ADDRESS``, else the cluster a local
 ``ray start`` joined; or the head's ``host:6379``).
 """
 
@@ -26,6 +26,9 @@ class RemoteDecode:
     the local workers have, at least one); ``cpus``: Ray CPUs an actor asks for; ``fallback``: ``"error"``
     refuses to start when no cluster answers at ``address`` within ``connect_timeout`` seconds, ``"local"``
     decodes every place here instead (a warning). A cluster lost mid-run always falls back to local decoding.
+    ``stream``: each place talks to its actor on a TCP connection of its own, which the actor opens back to this
+    host (``channel.py``); False: through Ray's calls and replies, for networks where decode nodes cannot reach
+    this host's ports (slower: more of this host's CPU a batch).
     """
 
     address: str = AUTO
@@ -33,6 +36,7 @@ class RemoteDecode:
     cpus: float = 1.0
     fallback: str = "error"
     connect_timeout: float = 10.0
+    stream: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.address, str) or not self.address.strip():
@@ -58,6 +62,8 @@ class RemoteDecode:
         if not isinstance(self.connect_timeout, Real) or not 0 < self.connect_timeout <= 300:
             raise SettingError("remote", f"connect_timeout must be a number of seconds in (0, 300], got "
                                          f"{self.connect_timeout!r}")
+        if not isinstance(self.stream, bool):
+            raise SettingError("remote", f"stream must be on or off (True or False), got {self.stream!r}")
 
     @classmethod
     def parse(cls, value: "RemoteDecode | str | dict[str, Any] | None") -> "RemoteDecode | None":
@@ -77,11 +83,15 @@ class RemoteDecode:
         for option in options:
             name, sep, raw = option.partition("=")
             name = name.strip()
-            if not sep or name not in ("places", "cpus", "fallback", "connect_timeout"):
+            if not sep or name not in ("places", "cpus", "fallback", "connect_timeout", "stream"):
                 raise SettingError("remote", f"{option!r} is not an option: write ADDRESS[,places=N][,cpus=C]"
-                                             f"[,fallback=local][,connect_timeout=S]")
+                                             f"[,fallback=local][,connect_timeout=S][,stream=off]")
             raw = raw.strip()
-            if name in ("cpus", "connect_timeout"):
+            if name == "stream":
+                if raw.lower() not in ("on", "off"):
+                    raise SettingError("remote", f"stream must be on or off, got {raw!r}")
+                fields[name] = raw.lower() == "on"
+            elif name in ("cpus", "connect_timeout"):
                 try:
                     fields[name] = float(raw)
                 except ValueError:
@@ -102,7 +112,7 @@ class RemoteDecode:
 
     def to_json(self) -> dict[str, Any]:
         return {"address": self.address, "places": self.places, "cpus": self.cpus, "fallback": self.fallback,
-                "connect_timeout": self.connect_timeout}
+                "connect_timeout": self.connect_timeout, "stream": self.stream}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "RemoteDecode":
