@@ -113,8 +113,8 @@ def test_batches_that_skip_many_bad_samples_are_the_same_remote_as_local(cluster
         write_tar(str(tmp_path / f"bad-{s}.tar"), samples)
     pattern = str(tmp_path / "bad-{0..2}.tar")
     local, local_stats = batches(pattern, max_sample_errors=0.5)
-    for stream in ("on", "off"):
-        remote, remote_stats = batches(pattern, f"{cluster.address},places=2,stream={stream}", max_sample_errors=0.5)
+    for options in ("inflight=3", "stream=off"):  # three batches formed again behind one; calls through Ray
+        remote, remote_stats = batches(pattern, f"{cluster.address},places=2,{options}", max_sample_errors=0.5)
         same(remote, local)
         assert remote_stats.sample_errors_total["corrupt"] == local_stats.sample_errors_total["corrupt"] == 30
         assert remote_stats.batches_decoded_total["local"] == 0
@@ -280,6 +280,7 @@ def test_asking_for_remote_without_ray_installed_says_how_to_install(tmp_path):
     ("auto,fallback=maybe", "fallback must be one of error, local"),
     ("auto,cpus=0", "cpus (Ray CPUs an actor asks for) must be a number in (0, 256]"),
     ("auto,stream=maybe", "stream must be on or off, got 'maybe'"),
+    ("auto,inflight=0", "inflight (batches of a place on their way to its actor) must be an integer in [1, 16]"),
     ("ray://head:10001", "ray://head:10001: Ray Client (ray://) would route every batch through the head"),
 ])
 def test_a_remote_setting_that_cannot_work_is_refused_naming_what_would(value, named):

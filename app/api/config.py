@@ -109,7 +109,8 @@ class Config:
                                          "CPU lists as trainer=0-1;workers=2-15", "loader", parse=parse_setting)
     trainer_cores: int = setting(0, "with cpu_placement=auto, the cores the training process keeps (0: 2 where "
                                     "a rank has 8 cores or more, else 1)", "loader", minimum=0)
-    remote: str = setting("", "worker places decoded on a Ray cluster: ADDRESS[,places=N][,cpus=C][,fallback=local] "
+    remote: str = setting("", "worker places decoded on a Ray cluster: ADDRESS[,places=N][,cpus=C][,inflight=N]"
+                              "[,fallback=local][,connect_timeout=S][,stream=off] "
                               "(ADDRESS: auto or the head's host:6379; empty: all decoding here; needs "
                               "feedline[ray])", "loader", parse=parse_remote)
     stall_timeout: float = setting(120.0, "seconds any stage of the loader's hand-off (the dispatcher thread, a "

@@ -2,7 +2,7 @@
 
 It runs the worker's own ``SampleWriter`` on the same bytes with each sample's own seed, into a private buffer
 laid out exactly as a ring slot, so the proxy lands it in its slot with one copy and the batch is bit-identical
-with one decoded on the training node. It keeps the rows of its proxy's last few batches (``KEPT``): a batch that
+with one decoded on the training node. It keeps the rows of its proxy's last few batches (``kept``): a batch that
 needs more samples than its first chunk (bad ones were skipped) continues at ``start``.
 
 What goes back is small and plain: the slot's bytes and a JSON record of each sample's verdict, on the proxy's own
@@ -37,12 +37,13 @@ def layout_of(d: dict[str, Any]) -> RingLayout:
 class DecodeActor:
     """One worker place's decoder on a Ray node (wrapped with ``ray.remote`` by ``link.py``)."""
 
-    def __init__(self, code: Any, ring: dict[str, Any]):
+    def __init__(self, code: Any, ring: dict[str, Any], kept: int = 4):
         own_pillow()  # this process decodes for feedline: Pillow's bomb limit from max_member_bytes
         self.layout = layout_of(ring)
         self.writer = SampleWriter(self.layout, code)
         self.batch_size = self.layout.batch_size
-        self.batches: dict[int, _Batch] = {}  # the proxy's batches in flight (at most DEPTH, plus one given back)
+        self.batches: dict[int, _Batch] = {}  # the proxy's batches in flight, and those given back and formed again
+        self.kept = kept
 
     def ready(self) -> int:
         return os.getpid()
@@ -75,7 +76,7 @@ class DecodeActor:
         counts, the batch's slot)."""
         if start == 0:
             b = self.batches.pop(token, None)
-            while len(self.batches) >= KEPT:  # the oldest: the proxy has its answer
+            while len(self.batches) >= self.kept:  # the oldest: the proxy has its answer
                 self.batches.pop(next(iter(self.batches)))
             b = b or _Batch(self.layout)
             b.n, b.side = 0, 0
@@ -109,8 +110,6 @@ class DecodeActor:
                   "decode_ns": time.perf_counter_ns() - t0}
         return json.dumps(record).encode(), b.buffer
 
-
-KEPT = 4  # batch buffers an actor keeps
 
 
 class _Batch:

@@ -126,8 +126,9 @@ class ActorLink:
     def _start(self) -> None:
         """A new actor, asked for now; ``available`` says when it has started."""
         self.generation += 1
-        self._actor = self._actor_class.options(num_cpus=self.remote.cpus, max_restarts=0, max_task_retries=0,
-                                                scheduling_strategy="SPREAD").remote(self._code, self._ring)
+        options = self._actor_class.options(num_cpus=self.remote.cpus, max_restarts=0, max_task_retries=0,
+                                            scheduling_strategy="SPREAD")
+        self._actor = options.remote(self._code, self._ring, self.remote.inflight + 2)  # + a batch formed again
         self._ready_ref = self._actor.ready.remote()  # before ``serve``, which holds the actor while it streams
         self._serve_ref = (self._actor.serve.remote(self.channel.host, self.channel.port, self.channel.new_key())
                            if self.channel is not None else None)

@@ -7,8 +7,8 @@ mappings) and seeds to its actor, takes more if some were bad (the verdicts come
 slot straight into its ring slot, all on the place's own TCP stream (``channel.py``; through Ray's calls and replies
 where the actor cannot reach it). The training process does none of this work, and never imports Ray.
 
-Two batches are in flight at a time (``DEPTH``): while the actor decodes one, the next one's bytes travel, so
-the actor is not idle through each batch's round trip. A batch's samples are the stream's next ones, which
+Two batches (``inflight=``) are on their way at a time: while the actor decodes one, the next one's bytes travel,
+so the actor is not idle through each batch's round trip. A batch's samples are the stream's next ones, which
 depend on how many bad samples the batch before it skipped: the next batch is formed assuming none, and when
 the one before needed more, the next one's samples go back to the stream's front and it is formed again.
 
@@ -36,7 +36,6 @@ from .settings import RemoteDecode
 
 log = logging.getLogger("feedline.remote")
 _REASON = {r: i for i, r in enumerate(ERROR_REASONS)}
-DEPTH = 2  # batches of a place in flight to its actor
 POLL = 0.005  # seconds between looks at the pipe and the answer while a batch is in flight (its slot not streamed)
 
 
@@ -104,7 +103,7 @@ class RemoteWorker(Worker):
         inflight: deque[_Batch] = deque()
         while True:
             if inflight and self.link is not None:
-                if len(inflight) >= DEPTH or self.link.ready(inflight[0].pending):
+                if len(inflight) >= self.link.remote.inflight or self.link.ready(inflight[0].pending):
                     self._complete(inflight)
                     continue
                 came = self.link.wait_for(conn, POLL)  # a fill, or the head batch's answer coming in

@@ -1,7 +1,7 @@
 """``RemoteDecode``: which Ray cluster decodes, how much of the work it takes, and what to do without it.
 
 Written as an object, or as one string for ``FEEDLINE_REMOTE`` / ``--remote``:
-``ADDRESS[,places=N][,cpus=C][,fallback=local][,connect_timeout=S][,stream=off]`` (``auto``: ``RAY_ADDRESS``, else the cluster a local
+``ADDRESS[,places=N][,cpus=C][,inflight=N][,fallback=local][,connect_timeout=S][,stream=off]`` (``auto``: ``RAY_ADDRESS``, else the cluster a local
 ``ray start`` joined; or the head's ``host:6379``).
 """
 
@@ -23,7 +23,9 @@ class RemoteDecode:
     """Worker places decoded by actors of a Ray cluster (``remote/proxy.py``); the plan does not change.
 
     ``places``: how many of the ``workers`` places are remote (the last ones; ``"auto"``: those beyond the CPUs
-    the local workers have, at least one); ``cpus``: Ray CPUs an actor asks for; ``fallback``: ``"error"``
+    the local workers have, at least one); ``cpus``: Ray CPUs an actor asks for; ``inflight``: batches of a place
+    sent to its actor and not yet answered (the next one's bytes travel while the actor decodes one; more hides a
+    longer round trip, and holds that many more slots' buffers on the actor); ``fallback``: ``"error"``
     refuses to start when no cluster answers at ``address`` within ``connect_timeout`` seconds, ``"local"``
     decodes every place here instead (a warning). A cluster lost mid-run always falls back to local decoding.
     ``stream``: each place talks to its actor on a TCP connection of its own, which the actor opens back to this
@@ -34,6 +36,7 @@ class RemoteDecode:
     address: str = AUTO
     places: int | str = AUTO
     cpus: float = 1.0
+    inflight: int = 2
     fallback: str = "error"
     connect_timeout: float = 10.0
     stream: bool = True
@@ -57,6 +60,10 @@ class RemoteDecode:
         if not isinstance(self.cpus, Real) or isinstance(self.cpus, bool) or not 0 < self.cpus <= 256:
             raise SettingError("remote", f"cpus (Ray CPUs an actor asks for) must be a number in (0, 256], "
                                          f"got {self.cpus!r}")
+        if not isinstance(self.inflight, Integral) or isinstance(self.inflight, bool) or not 1 <= self.inflight <= 16:
+            raise SettingError("remote", f"inflight (batches of a place on their way to its actor) must be an "
+                                         f"integer in [1, 16], got {self.inflight!r}")
+        object.__setattr__(self, "inflight", int(self.inflight))
         if self.fallback not in FALLBACKS:
             raise SettingError("remote", f"fallback must be one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
         if not isinstance(self.connect_timeout, Real) or not 0 < self.connect_timeout <= 300:
@@ -83,14 +90,19 @@ class RemoteDecode:
         for option in options:
             name, sep, raw = option.partition("=")
             name = name.strip()
-            if not sep or name not in ("places", "cpus", "fallback", "connect_timeout", "stream"):
+            if not sep or name not in ("places", "cpus", "inflight", "fallback", "connect_timeout", "stream"):
                 raise SettingError("remote", f"{option!r} is not an option: write ADDRESS[,places=N][,cpus=C]"
-                                             f"[,fallback=local][,connect_timeout=S][,stream=off]")
+                                             f"[,inflight=N][,fallback=local][,connect_timeout=S][,stream=off]")
             raw = raw.strip()
             if name == "stream":
                 if raw.lower() not in ("on", "off"):
                     raise SettingError("remote", f"stream must be on or off, got {raw!r}")
                 fields[name] = raw.lower() == "on"
+            elif name == "inflight":
+                try:
+                    fields[name] = int(raw)
+                except ValueError:
+                    raise SettingError("remote", f"inflight must be an integer, got {raw!r}") from None
             elif name in ("cpus", "connect_timeout"):
                 try:
                     fields[name] = float(raw)
@@ -111,7 +123,7 @@ class RemoteDecode:
         return tuple(range(workers - int(n), workers))
 
     def to_json(self) -> dict[str, Any]:
-        return {"address": self.address, "places": self.places, "cpus": self.cpus, "fallback": self.fallback,
+        return {"address": self.address, "places": self.places, "cpus": self.cpus, "inflight": self.inflight, "fallback": self.fallback,
                 "connect_timeout": self.connect_timeout, "stream": self.stream}
 
     @classmethod
