@@ -6,6 +6,9 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("what", nargs="?", choices=("loaders", "scale"), default="loaders",
+                   help="loaders: this loader against its peers (the default); scale: the scale simulation, a billion "
+                        "samples, 100,000 shards, 4,096 ranks on made-up inputs (docs/scale.md)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seconds", type=float, default=4.0, help="measured time per contender and round")
@@ -29,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=".cache")
     p.add_argument("--json", default="docs/benchmarks.json")
     p.add_argument("--markdown", default="docs/benchmarks.md")
+    p.add_argument("--scale-json", default="docs/scale.json", help="scale: where its results go")
+    p.add_argument("--scale-markdown", default="docs/scale.md", help="scale: where its report goes")
     p.add_argument("--host", default="", help="label of this machine in the report (default: detected)")
     p.add_argument("--peers", choices=("auto", "on", "off"), default="auto",
                    help="raw and JPEG rows for Mosaic Streaming, LitData, tf.data and HF datasets, run from .venv-peers "

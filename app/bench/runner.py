@@ -320,6 +320,10 @@ def _stopped(signum: int, frame: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "what", "loaders") == "scale":  # `feedline bench scale`: the scale simulation (issue 71)
+        from .scale.command import main as scale_main
+
+        return scale_main(args)
     if args.quick:
         args.rounds, args.warmup, args.seconds = 1, 0.0, min(args.seconds, 1.0)
     if args.rounds < 1:

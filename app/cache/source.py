@@ -94,9 +94,10 @@ class CacheSource:
         remove_reader(self.cache_dir, rank)
 
     def wait_for(self, min_shards: int, timeout: float,
-                 abort: Callable[[], str | None] | None = None) -> list[str]:
+                 abort: Callable[[], str | None] | None = None, reason: str = "") -> list[str]:
         """The snapshot once it holds ``min_shards``, or the whole source when that is fewer; a clear error after
-        ``timeout`` seconds, or as soon as ``abort()`` gives a reason (the sidecar filling it has exited)."""
+        ``timeout`` seconds, or as soon as ``abort()`` gives a reason (the sidecar filling it has exited).
+        ``reason``: why that many (the error says it instead of the ``min_shards`` setting)."""
         deadline = time.monotonic() + timeout
         why = ""
         while True:
@@ -118,8 +119,9 @@ class CacheSource:
             if time.monotonic() >= deadline:
                 raise CacheWaitTimeout(
                     f"cache {self.cache_dir} holds {len(shards)} shard(s){why} after {timeout:.0f} s, fewer than "
-                    f"min_shards={min_shards}: is `feedline sample` running and filling it (its /readyz says "
-                    f"when)? Raise wait_timeout (FEEDLINE_WAIT_TIMEOUT) or lower min_shards (FEEDLINE_MIN_SHARDS)"
+                    + (f"{min_shards}: {reason}" if reason else f"min_shards={min_shards}: is `feedline sample` "
+                       f"running and filling it (its /readyz says when)? Raise wait_timeout (FEEDLINE_WAIT_TIMEOUT) or "
+                       f"lower min_shards (FEEDLINE_MIN_SHARDS)")
                 )
             time.sleep(0.2)
 

@@ -26,7 +26,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from itertools import accumulate
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from .bounds import DEFAULT_MAX_MEMBER_BYTES, DecodeError, MemberTooLarge, about
 from .decoders import Decoder
 from .parquet_pages import PageError, check_pages
 from .parquet_sizes import dense_bytes, group_bytes, is_bytes, stored_bytes
-from .sample_index import MAX_SAMPLES, Sample, ShardError, ShardIndex, open_shard
+from .sample_index import MAX_SAMPLES, LazySamples, Sample, ShardError, ShardIndex, open_shard
 from .urls import is_parquet, shard_stem
 
 __all__ = ["PACKAGES", "RECORD", "RowGroups", "build_index", "column_value", "is_parquet", "read_row",
@@ -81,7 +81,7 @@ def build_index(path: str, fd: int | None = None, name: str | None = None) -> Sh
     return ShardIndex(path, size, RowSamples(shard_stem(name or path), rows))  # type: ignore[arg-type]
 
 
-class RowSamples(Sequence[Sample]):
+class RowSamples(LazySamples):
     """A Parquet file's rows as an index's samples, made when asked for from the row groups' sizes: the index holds
     a number a row group, not ~450 bytes a row, so what a footer can make it hold is bounded by the file's bytes
     (a row group's entry in the footer takes some)."""
@@ -93,20 +93,7 @@ class RowSamples(Sequence[Sample]):
     def __len__(self) -> int:
         return self.starts[-1]
 
-    @overload
-    def __getitem__(self, i: int) -> Sample: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[Sample]: ...
-
-    def __getitem__(self, i: int | slice) -> Sample | list[Sample]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"row {i} of {n}")
+    def _sample(self, i: int) -> Sample:
         group = bisect_right(self.starts, i) - 1
         return Sample(f"{self._stem}/{i:08d}", {RECORD: (group, i - self.starts[group])})
 

@@ -18,9 +18,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Generator, Iterator
 
-from . import parquet, tar_headers, tfrecord
+from . import listing, parquet, tar_headers, tfrecord
 from .files import atomic_write
-from .sample_index import MAX_SAMPLES, TOO_MANY, Sample, ShardError, ShardIndex
+from .sample_index import (  # noqa: F401 (Sample: the loader imports it from here)
+    MAX_SAMPLES, TOO_MANY, Sample, SampleTable, SampleTableBuilder, ShardError, ShardIndex)
 
 INDEX_SUFFIX = ".idx"
 # A worker opens each of its shards again every epoch: the indexes it read or built are kept, up to this many samples
@@ -58,7 +59,7 @@ def _open_tar(path: str, fd: int | None) -> Iterator[tarfile.TarFile]:
 
 def _headers(path: str, fd: int | None) -> Generator[tar_headers.Member, None, int]:
     """The members from the headers read directly (``tar_headers``); ``Unusual`` where ``tarfile`` should."""
-    with open(path if fd is None else f"/proc/self/fd/{fd}", "rb") as f:  # fd: the file, even if unlinked since
+    with open(path, "rb") if fd is None else os.fdopen(os.dup(fd), "rb") as f:  # fd: the file, even if unlinked since
         if os.fstat(f.fileno()).st_size == 0:
             raise tar_headers.Unusual("an empty file")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data, memoryview(data) as view:
@@ -75,9 +76,9 @@ def _tarfile_members(path: str, fd: int | None) -> Generator[tar_headers.Member,
         return tar.offset
 
 
-def _samples(path: str, shard_bytes: int, walk: Generator[tar_headers.Member, None, int]) -> list[Sample]:
+def _samples(path: str, shard_bytes: int, walk: Generator[tar_headers.Member, None, int]) -> SampleTable:
     """The members grouped into samples (webdataset's keys), the file checked whole."""
-    samples: list[Sample] = []
+    samples = SampleTableBuilder()
     key: str | None = None
     fields: dict[str, tuple[int, int]] = {}
     while True:
@@ -95,7 +96,7 @@ def _samples(path: str, shard_bytes: int, walk: Generator[tar_headers.Member, No
         k, ext = parts
         if k != key or ext in fields:
             if key is not None and fields:
-                samples.append(Sample(key, fields))
+                samples.add(key, fields)
                 if len(samples) > MAX_SAMPLES:
                     raise ShardError(path, TOO_MANY)
             key, fields = k, {}
@@ -104,8 +105,8 @@ def _samples(path: str, shard_bytes: int, walk: Generator[tar_headers.Member, No
         # Every complete archive ends with zero blocks; a cut at a member boundary has none.
         raise ShardError(path, f"truncated: no end-of-archive marker after byte {end}")
     if key is not None and fields:
-        samples.append(Sample(key, fields))
-    return samples
+        samples.add(key, fields)
+    return samples.build()
 
 
 def build_index(path: str, fd: int | None = None, fmt: str | None = None) -> ShardIndex:
@@ -185,25 +186,37 @@ _MEMO = _Memo()
 
 def load_index(path: str, fd: int | None = None) -> ShardIndex:
     """The index of the shard as it is now: kept from an earlier call, stored beside it (``.idx``, when it matches
-    the shard's size) or a fresh scan (of ``fd`` if given)."""
+    the shard's size) or a fresh scan (of ``fd`` if given). The shard is opened once and asked everything through
+    that descriptor: on a shared filesystem a path's ``stat`` or ``open`` is a round trip to its metadata server."""
+    own = None
+    if fd is None:
+        try:
+            own = fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO: opened, never waited on
+        except OSError:
+            return _load_index(path, None)  # the error names the shard
     try:
-        st = os.fstat(fd) if fd is not None else os.stat(path)
-    except OSError:
-        return _load_index(path, fd)
-    key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    index = _MEMO.get(key)
-    if index is None:
-        index = _load_index(path, fd)
-        _MEMO.put(key, index)
-    return index
+        st = os.fstat(fd)
+        key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        index = _MEMO.get(key)
+        if index is None:
+            index = _load_index(path, fd, st.st_size)
+            _MEMO.put(key, index)
+        return index
+    finally:
+        if own is not None:
+            os.close(own)
 
 
-def _load_index(path: str, fd: int | None) -> ShardIndex:
-    try:
-        with open(index_path(path)) as f:
-            index = ShardIndex.from_json(path, f.read())
-        if index.shard_bytes == (os.fstat(fd).st_size if fd is not None else os.stat(path).st_size):
-            return index
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+def _load_index(path: str, fd: int | None, size: int | None = None) -> ShardIndex:
+    idx = index_path(path)
+    if not listing.index_absent(idx):  # a folder listed here without it: no open to find out
+        try:
+            with open(idx) as f:
+                index = ShardIndex.from_json(path, f.read())
+            if size is None:
+                size = os.fstat(fd).st_size if fd is not None else os.stat(path).st_size
+            if index.shard_bytes == size:
+                return index
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
     return build_index(path, fd)

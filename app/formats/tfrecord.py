@@ -24,7 +24,7 @@ import numpy as np
 
 from .bounds import DecodeError, MemberTooLarge
 from .decoders import Decoder
-from .sample_index import MAX_SAMPLES, TOO_MANY, Sample, ShardError, ShardIndex, open_shard
+from .sample_index import MAX_SAMPLES, TOO_MANY, SampleTableBuilder, ShardError, ShardIndex, open_shard
 from .urls import is_tfrecord, shard_stem  # noqa: F401 (tfrecord.is_tfrecord is its public test)
 
 RECORD = "tfrecord"  # the one field of a record's entry in the index: its data's (offset, length)
@@ -65,7 +65,7 @@ def build_index(path: str, fd: int | None = None, name: str | None = None) -> Sh
         except (OSError, ValueError) as exc:
             raise ShardError(path, f"cannot map: {exc}") from None
     with mm:
-        samples = []
+        samples = SampleTableBuilder()
         off = n = 0
         while off < size:
             if off + HEADER.size > size:
@@ -83,9 +83,9 @@ def build_index(path: str, fd: int | None = None, name: str | None = None) -> Sh
                                        f"{size}")
             if n >= MAX_SAMPLES:  # 16 bytes of frame a record: a small file of empty records, a huge index
                 raise ShardError(path, TOO_MANY)
-            samples.append(Sample(f"{stem}/{n:08d}", {RECORD: (off + HEADER.size, length)}))
+            samples.add(f"{stem}/{n:08d}", {RECORD: (off + HEADER.size, length)})
             off, n = end, n + 1
-    return ShardIndex(path, size, samples)
+    return ShardIndex(path, size, samples.build())
 
 
 def _example_class() -> Any:

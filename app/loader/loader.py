@@ -192,7 +192,7 @@ class StagingLoader:
         self._auto: AutoWorkers | None = None  # workers="auto" during the first epoch
         self._planned: EpochPlan | None = None  # the next epoch's plan, made by len() before the epoch starts
 
-        first = self.source.wait_for(s.min_shards, max(0.1, s.wait_timeout - waited))
+        first = self._wait_for_shards(s.min_shards, max(0.1, s.wait_timeout - waited))
         self.auto_workers = s.workers == AUTO
         self.placement = for_this_process(s.cpu_placement, s.trainer_cores, on_device,  # cpus/placement.py
                                           self.device.index if self.device.type == "cuda" else None)
@@ -201,10 +201,11 @@ class StagingLoader:
         self.settings, self.most_workers = s, most
         meter = CpuMeter(cpus=set(self.placement.worker_cpus)) if self.placement.placed else None  # workers' idle
         tuner = WorkerTuner(int(s.workers), most, meter) if self.auto_workers and most > s.workers else None
-        if not self.source.growing and len(first) < self.rank.world_size:  # more workers than shards is fine
+        if len(first) < self.rank.world_size:  # more workers than shards is fine; a growing cache was waited for
             raise SettingError(
-                "shards", f"{len(first)} shard(s) for {self.rank.world_size} ranks: rank {self.rank.rank} would get "
-                          f"none; run at most {len(first)} rank(s), or split the data into more shards")
+                "shards", f"{len(first)} shard(s){' (the whole source)' if self.source.growing else ''} for "
+                          f"{self.rank.world_size} ranks: rank {self.rank.rank} would get none; run at most "
+                          f"{len(first)} rank(s), or split the data into more shards")
         self._stats = StatsRecorder(s.starvation_window, sink)
         self._stats.configured(int(s.transfer_threads) if on_device else 0,
                                (len(self.placement.trainer), len(self.placement.worker_cpus)))
@@ -405,6 +406,17 @@ class StagingLoader:
         if auto is not None:
             self.settings = self.settings.replace(workers=auto.stop(message))
 
+    def _wait_for_shards(self, least: int, timeout: float) -> list[str]:
+        """The source's shards once it holds ``least`` and, from a growing cache, one for every rank: an epoch split
+        by ranks over fewer shards than ranks would give some ranks no batch (or, agreed, every rank none)."""
+        ranks = self.rank.world_size
+        if not self.source.growing or least >= ranks or isinstance(self.source, MixedSource):
+            return self.source.wait_for(least, timeout)
+        return self.source.wait_for(ranks, timeout, reason=(  # type: ignore[call-arg]
+            f"one for each of the {ranks} ranks that split it (else some would have no batch): is `feedline sample` "
+            f"filling it, and does its budget hold {ranks} shards (FEEDLINE_BUDGET)? Raise wait_timeout "
+            f"(FEEDLINE_WAIT_TIMEOUT), or run fewer ranks or smaller shards"))
+
     def _next_plan(self) -> EpochPlan:
         """The plan of the epoch the next start reads, made once: ``len()`` before the epoch and the start agree."""
         p, epoch = self._planned, self._epochs.next
@@ -425,6 +437,8 @@ class StagingLoader:
             return EpochPlan.make(shards, epoch=epoch, seed=s.seed, rank=self.rank, workers=s.workers,
                                   shuffle=bool(s.shuffle), mixture=mix, interleaved=s.block > 0)
         shards = self.source.snapshot()
+        if self.source.growing and len(shards) < self.rank.world_size:  # evicted below the ranks: wait for more
+            shards = self._wait_for_shards(self.rank.world_size, s.wait_timeout)
         if not shards:
             raise LoaderError(f"no shards to read in {self.source.describe()}")
         return EpochPlan.make(shards, epoch=epoch, seed=s.seed, rank=self.rank, workers=s.workers,

@@ -1,0 +1,181 @@
+"""One measurement of the scale simulation, in a process of its own (its memory is its own):
+``python -m feedline.bench.scale.points NAME JSON`` prints one JSON line.
+
+Each runs the real planning, resume, index and cache code on made-up inputs (``made_up.py``):
+- ``state``: one rank's ``state_dict`` (the loader's ``make_state``) mid-epoch, over S shards whose sample
+  counts a cache's manifest gave, optionally after an elastic resume (the plan's skip lists);
+- ``epoch_start``: one rank's epoch start over a folder of S real tiny shards (the source's listing, the plan, the
+  batch count the loader asks for), its metadata calls counted;
+- ``index``: a shard index's memory a sample (``load_index`` of a real tar of S samples);
+- ``fill``: a cache filled with C tiny shards by the sidecar's store (``CacheStore.publish``);
+- ``elastic``: an elastic resume R -> R/2 of an epoch of N samples half delivered (``plan_resume``), for one rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import sys
+import time
+import tracemalloc
+from typing import Any
+
+from ...loader.plan.epoch_plan import EpochPlan
+from ...loader.plan.rank import Rank
+from ...loader.plan.resume import Cursor, make_state, plan_resume
+from .made_up import metadata_calls, shard_names, tar_bytes
+
+W = 16  # workers a rank
+BATCH = 256
+
+
+def _settings(rank: Rank, workers: int = W) -> dict[str, Any]:
+    return {"seed": 0, "batch_size": BATCH, "drop_last": False, "shuffle": True, "shuffle_buffer": 0,
+            "shuffle_block": 0, "workers": workers, "rank": rank.rank, "world_size": rank.world_size, "sources": None}
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _state(plan: EpochPlan, counts: dict[str, int], delivered: int, workers: int = W) -> dict[str, Any]:
+    """A rank's state taken mid-epoch: each worker ``delivered`` samples into its stream."""
+    per = max(1, delivered // workers)
+    cursor = Cursor.start(workers, [per // BATCH] * workers, [per] * workers)
+    return make_state(plan, cursor, plan.epoch, _settings(plan.rank, workers), counts)
+
+
+def state(S: int, N: int, R: int, resumed: bool = False) -> dict[str, Any]:
+    shards = shard_names(S)
+    counts = {p: N // S for p in shards}
+    skip = None
+    if resumed:  # what an elastic resume leaves in every rank's plan: the first half of each shard delivered
+        skip = {p: tuple(range(N // S // 2)) for p in shards}
+    plan = EpochPlan.make(shards, epoch=3, seed=0, rank=Rank(R // 2, R), workers=W, skip=skip)
+    t0 = time.perf_counter()
+    text = json.dumps(_state(plan, counts, N // R // 2))
+    return {"bytes": len(text), "seconds": time.perf_counter() - t0, "rss_mib": _rss_mib()}
+
+
+def epoch_start(S: int, R: int, folder: str) -> dict[str, Any]:
+    from ...loader.plan.sources import PathSource
+
+    source = PathSource(folder)
+    rank = Rank(R // 2, R)
+    with metadata_calls() as calls:
+        t0 = time.perf_counter()
+        shards = source.snapshot()
+        plan = EpochPlan.make(shards, epoch=0, seed=0, rank=rank, workers=W)
+        batches = plan.batches(BATCH, False, getattr(source, "counts", None))
+        seconds = time.perf_counter() - t0
+    assert len(shards) == S, (len(shards), S)
+    return {"seconds": seconds, "calls": sum(calls.values()), "by_call": dict(calls), "rank_shards": plan.rank_shards,
+            "batches": batches, "rss_mib": _rss_mib()}
+
+
+def index(S: int, folder: str) -> dict[str, Any]:
+    from ...formats.shard_index import build_index
+
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"index-{S}.tar")
+    with open(path, "wb") as f:
+        f.write(tar_bytes(S, ("jpg", "cls")))
+    try:
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        built = build_index(path)
+        held = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        assert len(built.samples) == S
+        return {"bytes_per_sample": held / S, "samples": S}
+    finally:
+        os.unlink(path)
+
+
+def fill(C: int, folder: str) -> dict[str, Any]:
+    from ...cache.store import CacheStore
+
+    root = os.path.join(folder, f"cache-{C}")
+    shutil.rmtree(root, ignore_errors=True)
+    store = CacheStore(root, budget_bytes=1 << 40)
+    store.recover()
+    data = tar_bytes(1)
+    times = []
+    try:
+        t0 = time.perf_counter()
+        for i in range(C):
+            partial = os.path.join(store.partial_dir, f"s{i:06d}.tar")
+            with open(partial, "wb") as f:
+                f.write(data)
+            t = time.perf_counter()
+            store.publish(f"s{i:06d}", partial)
+            times.append(time.perf_counter() - t)
+        total = time.perf_counter() - t0
+        tail = times[-max(1, C // 10):]
+        manifest = os.path.getsize(os.path.join(root, "manifest.json"))
+        return {"seconds": total, "last_publish_ms": 1e3 * sum(tail) / len(tail), "manifest_bytes": manifest}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def elastic(N: int, S: int, R: int) -> dict[str, Any]:
+    """R ranks' states of an epoch half delivered, loaded by rank 0 of R/2 (4 workers a rank: the replay's cost is
+    its samples, not its streams)."""
+    workers = 4
+    shards = shard_names(S)
+    counts = {p: N // S for p in shards}
+    states = [_state(EpochPlan.make(shards, epoch=3, seed=0, rank=Rank(r, R), workers=workers), counts,
+                     N // R // 2, workers) for r in range(R)]
+    new = Rank(0, R // 2)
+    before = _rss_mib()
+    t0 = time.perf_counter()
+    resume, _ = plan_resume(states, _settings(new, workers), new, shards, False, True)
+    seconds = time.perf_counter() - t0
+    assert resume is not None
+    return {"seconds": seconds, "rss_mib": _rss_mib(), "rss_added_mib": _rss_mib() - before,
+            "state_bytes": len(json.dumps(states[0]))}
+
+
+def ranks_over_shards(S: int, R: int, folder: str) -> dict[str, Any]:
+    """A loader of rank R-1 of R over a cache of S < R tiny shards, the whole source (complete) or still growing:
+    what it does at start."""
+    from ...api.staging_loader import StagingLoader
+    from ...cache.store import CacheStore
+    from ...errors import SettingError
+
+    data = tar_bytes(4)
+    out: dict[str, Any] = {}
+    for case in ("complete", "growing"):
+        root = os.path.join(folder, f"ranks-{case}")
+        ids = [f"s{i:06d}" for i in range(S)]
+        store = CacheStore(root, 1 << 40, source_ids=frozenset(ids) if case == "complete" else None)
+        store.recover()
+        for sid in ids:
+            partial = os.path.join(store.partial_dir, sid + ".tar")
+            with open(partial, "wb") as f:
+                f.write(data)
+            store.publish(sid, partial)
+        try:
+            with StagingLoader(cache=root, batch_size=2, workers=1, spec={"bin": ("uint8", (1,))}, wait_timeout=2,
+                               rank=Rank(R - 1, R), equal_batches="off") as loader:
+                out[case] = f"an epoch of {len(loader)} batches"
+        except (SettingError, TimeoutError) as exc:
+            out[case] = f"{type(exc).__name__}: {exc}"
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+POINTS = {"ranks_over_shards": ranks_over_shards, "state": state, "epoch_start": epoch_start, "index": index, "fill": fill, "elastic": elastic}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    kwargs = json.loads(argv[1]) if len(argv) > 1 else {}
+    print(json.dumps(POINTS[argv[0]](**kwargs)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

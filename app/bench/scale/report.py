@@ -1,0 +1,101 @@
+"""docs/scale.md from ``feedline bench scale``'s results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .curves import slope
+
+INTRO = """# Scale, by simulation
+
+Written by `feedline bench scale` (issue 71). Every figure so far in [benchmarks.md](benchmarks.md) comes from a
+few dozen shards and a few ranks; a large job has a billion samples (N), 100,000 shards (S), 4,096 ranks (R) of
+16 workers (W). This machine cannot hold that job's data, but the code that plans, resumes, indexes and caches
+it never reads a sample's bytes: it runs here on made-up inputs, at the target's size where it can and on a
+curve of smaller sizes where it cannot.
+
+**What is simulated**: one rank's `state_dict` mid-epoch (the loader's own `make_state`, a cache's sample counts,
+the skip lists an elastic resume leaves); one rank's epoch start over a folder of S real tiny tar shards in
+`/dev/shm` (the source's listing, the plan, the batch count `len()` asks for), with each `stat`, directory read
+and file opened counted, since on a shared filesystem each is a round trip to its metadata server; a shard index
+of real tar headers (`load_index`), its memory measured with `tracemalloc`; the sidecar's `CacheStore.publish`
+filling a cache of C tiny shards on tmpfs (fsyncs included); an elastic resume R -> R/2 of an epoch half
+delivered, for one rank of the new run (`plan_resume`), its time and the memory it adds (peak RSS). Each point runs
+in a process of its own.
+
+**What is not**: real ranks (one rank's share is computed; every rank does the same), a shared filesystem's
+latency (calls are counted, not timed there), the network of a gather (sizes are computed: a rank's state times
+R), a real store's listing, and decoding. A curve's **slope** is its log-log slope: 1 grows with the size, 2 with
+its square. A figure marked *curve extended* is the largest point carried to the target along that slope.
+"""
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> list[str]:
+    out = ["| " + " | ".join(title for title, _ in cols) + " |", "|" + "---:|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(_fmt(r.get(key, r.get("error", "—"))) for _, key in cols) + " |")
+    return out + [""]
+
+
+def markdown(d: dict[str, Any]) -> str:
+    t = d["target"]
+    lines = [INTRO, f"{d['when']}; {d['host']}; target N = {t['N']:.0e}, S = {t['S']:.0e}, R = {t['R']}, "
+                    f"W = {t['W']}{' (--quick: small points, a check, not a measurement)' if d.get('quick') else ''}.",
+             "", "## Targets", "", "| part | target | this run | met |", "|---|---|---|---|"]
+    for r in d["targets"]:
+        met = "—" if r["met"] is None else "yes" if r["met"] else "**no**"
+        lines.append(f"| {r['part']} | {r['target']} | {r['value']} | {met} |")
+    lines += ["", "## 1. The state a rank saves", "",
+              f"One rank's state mid-epoch, N = 1e8 samples over S shards (slope over S: "
+              f"{slope(d['state'], 'S', 'bytes') or 0:.2f}):", ""]
+    for r in d["state"]:
+        if "bytes" in r:
+            r["gathered_gib"] = r["bytes"] * r["R"] / 2**30
+            r["kib"] = r["bytes"] / 1024
+            r["ms"] = r["seconds"] * 1e3
+    lines += _table(d["state"], [("S", "S"), ("state a rank (KiB)", "kib"), ("built in (ms)", "ms"),
+                                 ("gathered at R (GiB)", "gathered_gib")])
+    for r in d["state_resumed"]:
+        if "bytes" in r:
+            r["kib"] = r["bytes"] / 1024
+    lines += [f"After an elastic resume (every rank's plan lists the samples delivered before it), S = 1e3 (slope over "
+              f"N: {slope(d['state_resumed'], 'N', 'bytes') or 0:.2f}):", ""]
+    lines += _table(d["state_resumed"], [("N", "N"), ("state a rank (KiB)", "kib")])
+    lines += ["## 2. Elastic resume", "",
+              f"R ranks' states of an epoch half delivered, loaded by rank 0 of R/2, S = 1e3, 4 workers a rank; over N "
+              f"(slope {slope(d['elastic'], 'N', 'seconds') or 0:.2f} in time, "
+              f"{slope(d['elastic'], 'N', 'rss_added_mib') or 0:.2f} in memory):", ""]
+    lines += _table(d["elastic"], [("N", "N"), ("R", "R"), ("seconds", "seconds"), ("memory added (MiB)",
+                                                                                     "rss_added_mib")])
+    lines += [f"Over R at N = 1e6 (slope {slope(d['elastic_ranks'], 'R', 'seconds') or 0:.2f} in time):", ""]
+    lines += _table(d["elastic_ranks"], [("R", "R"), ("seconds", "seconds"), ("memory added (MiB)", "rss_added_mib")])
+    lines += ["## 3. Epoch start", "", "One rank of 4096 (its middle one) over S real tiny shards in a folder "
+              f"(slope over S: {slope(d['epoch_start'], 'S', 'seconds') or 0:.2f} in time, "
+              f"{slope(d['epoch_start'], 'S', 'calls') or 0:.2f} in calls):", ""]
+    for r in d["epoch_start"]:
+        if "by_call" in r:
+            r["what"] = ", ".join(f"{k} {v:,}" for k, v in sorted(r["by_call"].items()))
+    lines += _table(d["epoch_start"], [("S", "S"), ("seconds", "seconds"), ("metadata calls", "calls"),
+                                       ("of which", "what"), ("its shards", "rank_shards")])
+    lines += ["## 4. Shard indexes", "", "A shard of S samples (two members each) indexed from its tar headers:", ""]
+    lines += _table(d["index"], [("samples", "S"), ("bytes a sample", "bytes_per_sample")])
+    lines += ["## 5. The sidecar filling its cache", "",
+              f"C tiny shards published one by one (slope over C: {slope(d['fill'], 'C', 'seconds') or 0:.2f}):", ""]
+    lines += _table(d["fill"], [("C", "C"), ("seconds in all", "seconds"), ("a publish at the end (ms)",
+                                                                           "last_publish_ms"),
+                                ("manifest bytes", "manifest_bytes")])
+    ro = d["ranks_over_shards"]
+    lines += ["## 6. More ranks than shards", "",
+              f"A loader of rank {ro['R'] - 1} of {ro['R']} over a cache of {ro['S']} tiny shards (`wait_timeout` 2 s):",
+              "", f"- the cache holds the whole source: {ro.get('complete', ro.get('error'))}",
+              f"- the cache is still growing: {ro.get('growing', ro.get('error'))}", "",
+              "## 7. Rank agreement", "", "Not simulated yet.", ""]
+    return "\n".join(lines)
