@@ -79,7 +79,7 @@ def test_the_scale_simulation_runs_and_writes_its_report(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     report = json.loads((tmp_path / "s.json").read_text())
     assert {r["part"] for r in report["targets"]} == {"1", "2", "3", "4", "5", "6", "7"}
-    assert not any("error" in r for key in ("state", "epoch_start", "index", "fill", "elastic")
+    assert not any("error" in r for key in ("state", "epoch_start", "index", "fill", "elastic", "agreement")
                    for r in report[key])
     assert "## 6. More ranks than shards" in (tmp_path / "s.md").read_text()
     assert list(tmp_path.glob("feedline-scale-*")) == []  # its made-up shards are gone

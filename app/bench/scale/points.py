@@ -8,7 +8,8 @@ Each runs the real planning, resume, index and cache code on made-up inputs (``m
   batch count the loader asks for), its metadata calls counted;
 - ``index``: a shard index's memory a sample (``load_index`` of a real tar of S samples);
 - ``fill``: a cache filled with C tiny shards by the sidecar's store (``CacheStore.publish``);
-- ``elastic``: an elastic resume R -> R/2 of an epoch of N samples half delivered (``plan_resume``), for one rank.
+- ``elastic``: an elastic resume R -> R/2 of an epoch of N samples half delivered (``plan_resume``), for one rank;
+- ``agreement``: R real gloo ranks: the loader's process group, an epoch's agreement, a state gather.
 """
 
 from __future__ import annotations
@@ -168,7 +169,29 @@ def ranks_over_shards(S: int, R: int, folder: str) -> dict[str, Any]:
     return out
 
 
-POINTS = {"ranks_over_shards": ranks_over_shards, "state": state, "epoch_start": epoch_start, "index": index, "fill": fill, "elastic": elastic}
+def agreement(R: int, state_bytes: int = 64 << 10) -> dict[str, Any]:
+    """R real gloo ranks on 127.0.0.1 (``agreement.py``): the loader's group, an epoch's agreement, a state gather."""
+    import subprocess
+
+    from ...demo.procs import free_port
+
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "feedline.bench.scale.agreement", str(r), str(R), str(port),
+                               str(state_bytes)], stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, text=True) for r in range(R)]
+    try:
+        out, _ = procs[0].communicate(timeout=300)
+        for p in procs[1:]:
+            p.wait(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return json.loads(out.strip().splitlines()[-1])
+
+
+POINTS = {"agreement": agreement, "ranks_over_shards": ranks_over_shards, "state": state, "epoch_start": epoch_start, "index": index, "fill": fill, "elastic": elastic}
 
 
 def main(argv: list[str] | None = None) -> None:
