@@ -83,3 +83,15 @@ def test_the_scale_simulation_runs_and_writes_its_report(tmp_path):
                    for r in report[key])
     assert "## 6. More ranks than shards" in (tmp_path / "s.md").read_text()
     assert list(tmp_path.glob("feedline-scale-*")) == []  # its made-up shards are gone
+
+
+def test_a_plans_left_out_samples_are_saved_as_runs_and_states_saved_as_lists_still_load():
+    shards = [f"/d/s-{i}.tar" for i in range(4)]
+    left = tuple(range(1000)) + (5000, 5002)
+    plan = EpochPlan.make(shards, epoch=1, seed=3, rank=Rank(0, 2), workers=2, skip={"/d/s-1.tar": left})
+    state = plan.get_state()
+    assert state["skip"]["/d/s-1.tar"] == [[0, 1000], [5000, 5001], [5002, 5003]]
+    saved_before = dict(state, skip={"/d/s-1.tar": list(left)})  # a state of an earlier feedline
+    assert EpochPlan.from_state(saved_before).skip == EpochPlan.from_state(state).skip == {"/d/s-1.tar": left}
+    worker = plan.for_worker(0)
+    assert type(worker).from_json(worker.to_json()) == worker

@@ -91,7 +91,7 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
         + ("" if S in state else " (curve extended)"), per_rank <= 16 * 1024)
     resumed = extend(out["state_resumed"], "N", "bytes", N)
     add("1", "state a rank after an elastic resume <= 16 KB at N = 1e9",
-        f"{resumed / 2**30:,.1f} GiB (curve extended)"
+        (f"{resumed / 2**30:,.1f} GiB" if resumed >= 2**30 else f"{resumed / 1024:,.0f} KB") + " (curve extended)"
         if resumed else "not measured", resumed is not None and resumed <= 16 * 1024)
     add("1", f"a checkpoint's gather at R = {R} <= 64 MB", f"{per_rank * R / 2**30:,.1f} GiB (a rank's state x R)",
         per_rank * R <= 64 << 20)

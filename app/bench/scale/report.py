@@ -66,7 +66,7 @@ def markdown(d: dict[str, Any]) -> str:
     for r in d["state_resumed"]:
         if "bytes" in r:
             r["kib"] = r["bytes"] / 1024
-    lines += [f"After an elastic resume (every rank's plan lists the samples delivered before it), S = 1e3 (slope over "
+    lines += [f"After an elastic resume (every rank's plan lists the samples delivered before it, as runs of indexes), S = 1e3 (slope over "
               f"N: {slope(d['state_resumed'], 'N', 'bytes') or 0:.2f}):", ""]
     lines += _table(d["state_resumed"], [("N", "N"), ("state a rank (KiB)", "kib")])
     lines += ["## 2. Elastic resume", "",

@@ -118,6 +118,30 @@ def interleave(mine: list[str], workers: int) -> tuple[tuple[tuple[str, ...], ..
             tuple(tuple(WHOLE if workers == 1 else (w, workers) for _ in mine) for w in range(workers)))
 
 
+def as_ranges(indexes: Sequence[int]) -> list[list[int]]:
+    """Sample indexes as ``[first, last + 1]`` runs: what a state and a worker's plan hold of the samples left out
+    (those delivered before an elastic resume are mostly runs: a shard is read from its start)."""
+    runs: list[list[int]] = []
+    for i in sorted(set(indexes)):
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return runs
+
+
+def from_ranges(value: Sequence[Any]) -> tuple[int, ...]:
+    """The indexes of ``as_ranges``'s runs, or of a plain list of indexes (states saved before runs)."""
+    out: list[int] = []
+    for item in value:
+        if isinstance(item, (list, tuple)):
+            first, stop = int(item[0]), int(item[1])
+            out.extend(range(first, stop))
+        else:
+            out.append(int(item))
+    return tuple(out)
+
+
 def stream_seed(seed: int, epoch: int, rank: int, worker: int) -> str:
     """Seed of a worker's sample shuffle buffer and its transforms' randomness."""
     return f"feedline-samples:{seed}:{epoch}:{rank}:{worker}"
@@ -151,7 +175,7 @@ class WorkerPlan:
     def to_json(self) -> str:
         return json.dumps({"epoch": self.epoch, "seed": self.seed, "rank": self.rank, "worker": self.worker,
                            "shards": list(self.shards), "resume": self.resume, "poison": list(self.poison),
-                           "skip": {str(k): list(v) for k, v in self.skip.items()},
+                           "skip": {str(k): as_ranges(v) for k, v in self.skip.items()},
                            "parts": {str(k): list(v) for k, v in self.parts.items()}, "run": self.run,
                            "labels": list(self.labels), "repeats": list(self.repeats)})
 
@@ -160,7 +184,7 @@ class WorkerPlan:
         d = json.loads(text)
         return cls(int(d["epoch"]), int(d["seed"]), int(d["rank"]), int(d["worker"]), tuple(d["shards"]),
                    int(d["resume"]), tuple(int(p) for p in d["poison"]),
-                   {int(k): tuple(v) for k, v in d.get("skip", {}).items()},
+                   {int(k): from_ranges(v) for k, v in d.get("skip", {}).items()},
                    {int(k): (int(v[0]), int(v[1])) for k, v in d.get("parts", {}).items()}, int(d.get("run", -1)),
                    tuple(str(x) for x in d.get("labels", ())), tuple(int(x) for x in d.get("repeats", ())))
 
@@ -276,7 +300,7 @@ class EpochPlan:
         return {"epoch": self.epoch, "seed": self.seed, "rank": self.rank.rank, "world_size": self.rank.world_size,
                 "shuffle": self.shuffle, "interleaved": self.interleaved, "workers": self.workers,
                 "shards": list(self.shards),
-                "skip": {entry: list(v) for entry, v in self.skip.items()},
+                "skip": {entry: as_ranges(v) for entry, v in self.skip.items()},
                 **({"mixture": self.mixture.get_state()} if self.mixture is not None else {})}
 
     @classmethod
@@ -284,6 +308,6 @@ class EpochPlan:
         return cls.make(state["shards"], epoch=int(state["epoch"]), seed=int(state["seed"]),
                         rank=Rank(int(state["rank"]), int(state["world_size"])), workers=int(state["workers"]),
                         shuffle=bool(state["shuffle"]),
-                        skip={entry: tuple(v) for entry, v in state.get("skip", {}).items()},
+                        skip={entry: from_ranges(v) for entry, v in state.get("skip", {}).items()},
                         mixture=Mixture.from_state(state["mixture"]) if state.get("mixture") else None,
                         interleaved=bool(state.get("interleaved", False)))

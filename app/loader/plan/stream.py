@@ -232,7 +232,7 @@ def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: s
             if isinstance(opened, ShardProblem):
                 yield opened if k == 0 else []  # a shard read in parts is one problem: part 0's worker counts it
                 continue
-            left = skip.get(ordinal, ())
+            left = frozenset(skip.get(ordinal, ()))  # tested once a sample: a set, not the plan's tuple
             if (block > 0 or n > 1) and is_parquet(path):  # its row groups' sizes: the windows, and whether a part
                 # is whole row groups, from the footer the plan's count reads too (row_groups_of)
                 opened.unit_bytes = row_group_bytes(opened.mm if opened.mm is not None else path)
