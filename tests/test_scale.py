@@ -95,3 +95,18 @@ def test_a_plans_left_out_samples_are_saved_as_runs_and_states_saved_as_lists_st
     assert EpochPlan.from_state(saved_before).skip == EpochPlan.from_state(state).skip == {"/d/s-1.tar": left}
     worker = plan.for_worker(0)
     assert type(worker).from_json(worker.to_json()) == worker
+
+
+def test_an_epoch_start_over_a_brace_list_of_100000_shards_reads_their_folder_once(tmp_path):
+    """``train-{000000..099999}.tar``, as webdataset's users name shards: one directory read for the names, not a
+    stat each; a name not there (yet) gives nothing, a folder named like a shard is read as one."""
+    folder = tmp_path / "shards"
+    write_shards(str(folder), 100_000)
+    (folder / "train-000003.tar").unlink()
+    source = PathSource(str(folder / "train-{000000..099999}.tar"))
+    with metadata_calls() as calls:
+        shards = source.snapshot()
+        plan = EpochPlan.make(shards, epoch=0, seed=0, rank=Rank(2048, 4096), workers=16)
+        assert plan.batches(256, False) > 0
+    assert len(shards) == 99_999 and str(folder / "train-000003.tar") not in shards
+    assert sum(calls.values()) <= 100_000 / 4096 + 10, dict(calls)

@@ -275,9 +275,21 @@ def local_shards(names: Sequence[str]) -> list[IndexEntry]:
     Names that match nothing (yet) give nothing: a growing directory or glob is no error here.
     """
     found: list[IndexEntry] = []
+    listed = _listed_names(names)
     for name in names:
         if is_remote(name):
             raise ShardListError(f"{redact(name)} is remote; only local names are listed here")
+        if name in listed:  # its folder was read once: what it is comes with the entry
+            entry = listed[name]
+            if entry is None:
+                continue  # not there (yet)
+            if entry.is_dir():
+                found.extend(IndexEntry(p) for p in _shards_in(os.path.join(glob.escape(name), "*")))
+            elif not entry.is_file():
+                raise ShardListError(f"{name} is not a regular file; a local shard must be one")
+            else:
+                found.append(IndexEntry(name))
+            continue
         if os.path.isdir(name):
             found.extend(IndexEntry(p) for p in _shards_in(os.path.join(glob.escape(name), "*")))
         elif glob.has_magic(name):
@@ -294,6 +306,31 @@ def local_shards(names: Sequence[str]) -> list[IndexEntry]:
             raise ShardListError(f"{name} is neither a shard nor an index file: {RULES}")
     unique = {os.path.abspath(e.url) if not is_remote(e.url) else e.url: e for e in found}
     return [IndexEntry(url, e.sha256, e.size) for url, e in unique.items()]
+
+
+LIST_AT = 32  # shard names given one by one in a folder from which it is read once, not a stat a name
+
+
+def _listed_names(names: Sequence[str]) -> dict[str, os.DirEntry | None]:
+    """Shard names given one by one (a brace list: ``train-{000000..099999}.tar``), many of them in one folder: that
+    folder read once, each name's entry (None: not there). A stat a name is a round trip to a shared filesystem's
+    metadata server, a directory read one for all of them."""
+    by_folder: dict[str, list[str]] = {}
+    for name in names:
+        if not is_remote(name) and not glob.has_magic(name) and is_shard(name):
+            by_folder.setdefault(os.path.dirname(name), []).append(name)
+    out: dict[str, os.DirEntry | None] = {}
+    for folder, mine in by_folder.items():
+        if len(mine) < LIST_AT:
+            continue
+        try:
+            with os.scandir(folder or os.curdir) as entries:
+                seen = {e.name: e for e in entries}
+        except OSError:  # missing or unreadable: each name is asked for itself, as before
+            continue
+        listing.listed(folder or os.curdir, seen)
+        out.update((name, seen.get(os.path.basename(name))) for name in mine)
+    return out
 
 
 def _shards_in(pattern: str) -> list[str]:
