@@ -19,6 +19,18 @@ _seen: OrderedDict[str, frozenset[str]] = OrderedDict()
 _lock = threading.Lock()
 
 
+def read(folder: str) -> dict[str, os.DirEntry] | None:
+    """``folder``'s entries by name, from one directory read (their types come with them: no ``stat`` each), its
+    index files remembered; None where it cannot be read (missing, not a folder, not readable)."""
+    try:
+        with os.scandir(folder or os.curdir) as entries:
+            seen = {e.name: e for e in entries}
+    except OSError:
+        return None
+    listed(folder or os.curdir, seen)
+    return seen
+
+
 def listed(folder: str, names: Iterable[str]) -> None:
     """A listing of ``folder`` just read ``names``: the index files among them are remembered."""
     indexes = frozenset(n for n in names if n.endswith(".idx"))

@@ -323,12 +323,9 @@ def _listed_names(names: Sequence[str]) -> dict[str, os.DirEntry | None]:
     for folder, mine in by_folder.items():
         if len(mine) < LIST_AT:
             continue
-        try:
-            with os.scandir(folder or os.curdir) as entries:
-                seen = {e.name: e for e in entries}
-        except OSError:  # missing or unreadable: each name is asked for itself, as before
+        seen = listing.read(folder)
+        if seen is None:  # missing or unreadable: each name is asked for itself, as before
             continue
-        listing.listed(folder or os.curdir, seen)
         out.update((name, seen.get(os.path.basename(name))) for name in mine)
     return out
 
@@ -340,13 +337,10 @@ def _shards_in(pattern: str) -> list[str]:
     folder, name = os.path.split(pattern)
     if glob.has_magic(folder):
         return sorted(p for p in glob.glob(pattern) if is_shard(p) and os.path.isfile(p))
-    try:
-        with os.scandir(folder or os.curdir) as entries:
-            found = [(e.name, e) for e in entries]
-    except OSError:  # missing, not a folder, not readable: matches nothing, as glob's
+    seen = listing.read(folder)
+    if seen is None:  # missing, not a folder, not readable: matches nothing, as glob's
         return []
-    listing.listed(folder or os.curdir, (n for n, _ in found))
     hidden = name.startswith(".")  # glob's rule: a wildcard matches no leading dot
-    return sorted(os.path.join(folder, n) for n, e in found
+    return sorted(os.path.join(folder, n) for n, e in seen.items()
                   if (hidden or not n.startswith(".")) and fnmatch.fnmatchcase(n, name) and is_shard(n) and e.is_file())
 

@@ -95,6 +95,14 @@ def index(S: int, folder: str) -> dict[str, Any]:
         os.unlink(path)
 
 
+def _partial(store: Any, shard_id: str, data: bytes) -> str:
+    """A downloaded shard, as the sidecar leaves it for ``publish``: its path."""
+    partial = os.path.join(store.partial_dir, shard_id + ".tar")
+    with open(partial, "wb") as f:
+        f.write(data)
+    return partial
+
+
 def fill(C: int, folder: str) -> dict[str, Any]:
     from ...cache.store import CacheStore
 
@@ -107,9 +115,7 @@ def fill(C: int, folder: str) -> dict[str, Any]:
     try:
         t0 = time.perf_counter()
         for i in range(C):
-            partial = os.path.join(store.partial_dir, f"s{i:06d}.tar")
-            with open(partial, "wb") as f:
-                f.write(data)
+            partial = _partial(store, f"s{i:06d}", data)
             t = time.perf_counter()
             store.publish(f"s{i:06d}", partial)
             times.append(time.perf_counter() - t)
@@ -154,10 +160,7 @@ def ranks_over_shards(S: int, R: int, folder: str) -> dict[str, Any]:
         store = CacheStore(root, 1 << 40, source_ids=frozenset(ids) if case == "complete" else None)
         store.recover()
         for sid in ids:
-            partial = os.path.join(store.partial_dir, sid + ".tar")
-            with open(partial, "wb") as f:
-                f.write(data)
-            store.publish(sid, partial)
+            store.publish(sid, _partial(store, sid, data))
         try:
             with StagingLoader(cache=root, batch_size=2, workers=1, spec={"bin": ("uint8", (1,))}, wait_timeout=2,
                                rank=Rank(R - 1, R), equal_batches="off") as loader:
