@@ -97,6 +97,27 @@ def test_busy_cpus_end_the_tuning_though_the_loop_waits():
     assert (d.workers, d.final) == (3, True) and "CPUs are busy" in d.reason
 
 
+def test_past_the_local_places_growth_goes_onto_the_cluster_capped_by_its_places_not_by_idle_cpus_here():
+    # 4 places here, 6 on a cluster: the loop waits 90 % of its time (10x the workers would feed it)
+    d = tuner.decide(4, 10, _window(wait=1.8, step=0.2, idle=0.0), local=4)
+    assert (d.workers, d.final) == (10, True) and "places 4..9 on the Ray cluster" in d.reason
+    # below the local count, idle CPUs here first, then the cluster: 2 -> 3 here (1 idle CPU), 3 more there
+    d = tuner.decide(2, 6, _window(wait=1.8, step=0.2, idle=1.0), local=3)
+    assert d.workers == 6 and "places 3..5 on the Ray cluster" in d.reason
+    # the most reached: no cluster place left
+    assert tuner.decide(10, 10, _window(), local=4).final
+
+
+def test_auto_with_a_cluster_starts_with_half_the_local_places_and_grows_onto_the_clusters(monkeypatch):
+    monkeypatch.setattr(autotune, "usable_cpus", lambda: (9, "9 CPUs"))
+    pick = autotune.choose("cuda", ranks_on_node=1, remote_most=6)
+    assert (pick.workers, pick.local, pick.most) == (4, 8, 14)
+    assert "places 8..13 decoded on the Ray cluster" in pick.reason
+    capped = autotune.choose("cuda", ranks_on_node=1, remote_most=6, max_workers=10)  # max_workers caps the total
+    assert (capped.local, capped.most) == (8, 10)
+    assert autotune.choose("cuda", ranks_on_node=1).local == 8  # no cluster: every place here
+
+
 def test_a_wait_with_batches_decoded_ahead_is_not_a_reason_to_grow():
     d = tuner.decide(3, 15, _window(decoded=2.5))
     assert (d.workers, d.final) == (3, False)

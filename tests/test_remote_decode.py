@@ -5,6 +5,7 @@ nothing; an address nobody answers is refused within its bound."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -223,6 +224,67 @@ def test_a_node_that_joins_mid_epoch_takes_the_place_that_had_no_actor(tmp_path,
     assert n // 2 < stats.batches_decoded_total["remote"] < n, stats.batches_decoded_total
 
 
+class Sleepy(RandomResizedCrop):
+    """A crop that takes 20 ms a sample without using a CPU: one local worker cannot feed a loop with no step."""
+
+    def __call__(self, sample):
+        time.sleep(0.02)
+        return super().__call__(sample)
+
+
+@pytest.fixture
+def one_local_cpu():
+    """The training process on one CPU (its workers on it too), whatever this machine has: auto's local places
+    are 1."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@pytest.fixture(scope="module")
+def long_epoch(tmp_path_factory):
+    """480 small JPEGs: ~10 s for one worker of ``Sleepy``, long enough for auto's windows."""
+    d = tmp_path_factory.mktemp("long-epoch")
+    for s in range(4):
+        write_tar(str(d / f"l-{s}.tar"), [(f"l{s}{i:03d}", {"jpg": jpeg_bytes(s * 120 + i, (32, 32)),
+                                                           "cls": str(s * 120 + i).encode()}) for i in range(120)])
+    return str(d / "l-{0..3}.tar")
+
+
+def test_auto_workers_grow_onto_the_cluster_once_the_local_cpus_are_used(cluster, long_epoch, one_local_cpu,
+                                                                         caplog):
+    """Pecan's rule: the local places first, the cluster's for the rest, as many as the loop's wait says; the
+    cluster's size (2 CPUs: 2 places) is asked at start; every sample once."""
+    with caplog.at_level(logging.INFO, logger="feedline.loader"):
+        with StagingLoader(long_epoch, batch_size=BATCH, workers="auto", transform=Sleepy(24, fields=["jpg"]),
+                           remote=cluster.address) as loader:
+            assert loader.workers == 1 and loader.most_workers == 3
+            for _ in range(2):  # the growth is in the first epoch (from the next one if its workers come up late)
+                ids = [int(c) for b in loader for c in b["cls"]]
+                assert sorted(ids) == list(range(480))
+            stats = loader.stats()
+            assert loader.workers > 1
+    assert stats.batches_decoded_total["remote"] > 0
+    said = [r.getMessage() for r in caplog.records]
+    assert any("has 2 CPUs: at most 2 places" in m for m in said), said
+    assert any("workers=auto: growing to" in m and "on the Ray cluster" in m for m in said), said
+
+
+def test_auto_workers_stay_local_while_the_loop_does_not_wait(cluster, long_epoch, one_local_cpu, caplog):
+    with caplog.at_level(logging.INFO, logger="feedline.loader"):
+        with StagingLoader(long_epoch, batch_size=BATCH * 4, workers="auto", remote=f"{cluster.address},places=2",
+                           spec={"cls": "int64"}) as loader:
+            for _ in loader:
+                time.sleep(0.2)  # a slow training step: the one local worker keeps up
+            assert loader.workers == 1
+            stats = loader.stats()
+    assert stats.batches_decoded_total["remote"] == 0
+    assert any("workers=auto: keeping 1 workers" in r.getMessage() for r in caplog.records)
+
+
 def test_an_address_nobody_answers_is_refused_naming_it_within_ten_seconds(shards):
     address = f"127.0.0.1:{free_port()}"
     t0 = time.monotonic()
@@ -288,9 +350,7 @@ def test_a_remote_setting_that_cannot_work_is_refused_naming_what_would(value, n
         RemoteDecode.parse(value)
 
 
-def test_remote_needs_a_number_of_workers_and_no_more_places_than_workers(shards):
-    with pytest.raises(SettingError, match="remote: needs a number of workers"):
-        StagingLoader(shards, workers="auto", remote="127.0.0.1:1")
+def test_remote_takes_no_more_places_than_workers(shards):
     with pytest.raises(SettingError, match="places=3 is more than workers=2"):
         StagingLoader(shards, workers=2, transform=crop(), remote="127.0.0.1:1,places=3")
 

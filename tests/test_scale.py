@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import tracemalloc
 
+import pytest
 from helpers import write_tar
 
 from feedline.bench.scale.made_up import metadata_calls, tar_bytes, write_shards
 from feedline.formats.sample_index import Sample, ShardIndex
 from feedline.formats.sample_index import table_of
 from feedline.formats.shard_index import build_index, load_index
-from feedline.loader.plan.epoch_plan import EpochPlan
+from feedline.errors import SettingError
+from feedline.loader.plan.epoch_plan import EpochPlan, shards_digest
 from feedline.loader.plan.rank import Rank
+from feedline.loader.plan.resume import RANKS_FORMAT, Cursor, make_state, own_state, plan_resume, shared_lists
 from feedline.loader.plan.sources import PathSource
 
 
@@ -110,3 +113,92 @@ def test_an_epoch_start_over_a_brace_list_of_100000_shards_reads_their_folder_on
         assert plan.batches(256, False) > 0
     assert len(shards) == 99_999 and str(folder / "train-000003.tar") not in shards
     assert sum(calls.values()) <= 100_000 / 4096 + 10, dict(calls)
+
+
+def _mid_epoch_state(plan, counts, with_shards):
+    cursor = Cursor.start(plan.workers, [3] * plan.workers, [800] * plan.workers)
+    settings = {"seed": 0, "batch_size": 256, "drop_last": False, "shuffle": True, "shuffle_buffer": 0,
+                "shuffle_block": 0, "workers": plan.workers, "rank": plan.rank.rank,
+                "world_size": plan.rank.world_size, "sources": None}
+    return make_state(plan, cursor, plan.epoch, settings, counts, with_shards)
+
+
+def test_a_rank_state_over_100000_shards_is_at_most_16_kb_and_names_its_shard_list_by_digest():
+    shards = [f"/data/train-{i:06d}.tar" for i in range(100_000)]
+    plan = EpochPlan.make(shards, epoch=2, seed=0, rank=Rank(2048, 4096), workers=16)
+    state = _mid_epoch_state(plan, dict.fromkeys(shards, 10_000), with_shards=False)
+    text = json.dumps(state)
+    assert len(text) <= 16 * 1024, len(text)
+    assert state["plan"]["shards_digest"] == shards_digest(reversed(shards)) and state["plan"]["shards_count"] == 100_000
+    assert set(state["counts"]) == plan.own_paths()  # a cache's counts: only the rank's own shards'
+
+
+def test_a_state_kept_by_digest_is_refused_over_another_shard_list_and_resumes_over_the_same_one():
+    shards = [f"/data/s-{i:03d}.tar" for i in range(40)]
+    plan = EpochPlan.make(shards, epoch=1, seed=0, rank=Rank(0, 1), workers=2)
+    state = json.loads(json.dumps(_mid_epoch_state(plan, {}, with_shards=False)))
+    settings = {k: state[k] for k in ("seed", "batch_size", "drop_last", "shuffle", "shuffle_buffer",
+                                      "shuffle_block", "workers", "rank", "world_size", "sources")}
+    resume, epoch = plan_resume(state, settings, Rank(0, 1), list(reversed(shards)), False, False)
+    assert epoch == 1 and resume.plan == plan and resume.delivered == [800, 800]
+    with pytest.raises(SettingError, match="shard list changed .*40 shards then, 39 now.*by its digest only"):
+        plan_resume(state, settings, Rank(0, 1), shards[1:], False, True)
+
+
+def test_a_gathered_state_keeps_a_shard_list_once_and_gives_each_rank_its_own_back():
+    shards = [f"/cache/shards/{i:04d}.tar" for i in range(64)]
+    plans = [EpochPlan.make(shards, epoch=0, seed=1, rank=Rank(r, 4), workers=2) for r in range(4)]
+    ranks = [_mid_epoch_state(p, {}, with_shards=False) for p in plans]
+    lists = shared_lists(ranks, {plans[0].digest: plans[0].shards})
+    gathered = json.loads(json.dumps({"format": RANKS_FORMAT, "ranks": ranks, "shards": lists}))
+    assert list(gathered["shards"]) == [plans[0].digest]
+    for r in range(4):
+        own, elastic = own_state(gathered, Rank(r, 4), False)
+        assert not elastic and own["plan"]["shards"] == shards
+        assert EpochPlan.from_state(own["plan"]) == plans[r]
+
+
+def test_a_state_saved_before_digests_with_its_shard_list_still_loads():
+    shards = [f"/data/s-{i:03d}.tar" for i in range(10)]
+    plan = EpochPlan.make(shards, epoch=0, seed=0, rank=Rank(0, 1), workers=2)
+    state = json.loads(json.dumps(_mid_epoch_state(plan, {}, with_shards=True)))
+    del state["plan"]["shards_digest"], state["plan"]["shards_count"]
+    settings = {k: state[k] for k in ("seed", "batch_size", "drop_last", "shuffle", "shuffle_buffer",
+                                      "shuffle_block", "workers", "rank", "world_size", "sources")}
+    resume, _ = plan_resume(state, settings, Rank(0, 1), shards, False, False)
+    assert resume.plan == plan
+
+
+def test_an_elastic_resume_replays_only_the_old_streams_of_the_ranks_own_new_share_and_loses_nothing(monkeypatch):
+    """8 ranks x 2 workers, each stream 150 samples in, resumed on 4 ranks: a new rank's shards come from 2 old
+    ranks (the same epoch order, split in half as many ways), so it replays their 4 streams, not all 16; across
+    the new ranks every sample is delivered once, before or after."""
+    from feedline.loader.plan import resume
+
+    shards = [f"/data/s-{i:03d}.tar" for i in range(64)]
+    counts = dict.fromkeys(shards, 100)
+    old = []
+    for r in range(8):
+        plan = EpochPlan.make(shards, epoch=0, seed=3, rank=Rank(r, 8), workers=2)
+        cursor = Cursor.start(2, [1, 1], [150, 150])
+        state = make_state(plan, cursor, 0, {"seed": 3, "batch_size": 100, "drop_last": False, "shuffle": True,
+                                             "shuffle_buffer": 0, "shuffle_block": 0, "workers": 2, "rank": r,
+                                             "world_size": 8, "sources": None}, counts)
+        old.append(json.loads(json.dumps(state)))
+    replayed = []
+    real_order = resume.order
+    monkeypatch.setattr(resume, "order", lambda *a, **k: replayed.append(a[3]) or real_order(*a, **k))
+    settings = {**{k: old[0][k] for k in old[0] if k not in ("plan", "counts", "per_worker", "batches",
+                                                               "finished", "format", "next_epoch")},
+                "world_size": 4}
+    delivered = {(p, i) for p, v in resume.delivered_samples(old).items() for i in v}
+    assert len(delivered) == 8 * 2 * 150
+    replayed.clear()
+    rest = []
+    for r in range(4):
+        plan = plan_resume(old, {**settings, "rank": r}, Rank(r, 4), shards, False, True)[0].plan
+        if r == 0:
+            assert len(replayed) == 4, replayed  # 2 old ranks x 2 workers
+        rest += [(p, i) for a in plan.assignment for p in a for i in range(100) if i not in plan.skip.get(p, ())]
+    assert len(rest) == len(set(rest)) and set(rest).isdisjoint(delivered)
+    assert len(rest) + len(delivered) == 6400

@@ -49,16 +49,17 @@ from .plan.epoch_plan import EpochPlan
 from .plan.epochs import EpochCounter, EpochSampler
 from .plan.mixture import Source, check_sources
 from .plan.rank import Rank
-from .plan.resume import RANKS_FORMAT, Cursor, Resume, differing, make_state, own_state, plan_resume, saved_workers
+from .plan.resume import (RANKS_FORMAT, Cursor, Resume, differing, make_state, own_state, plan_resume, saved_workers,
+                          shared_lists)
 from .plan.sources import MixedSource, PathSource, ShardSource
 from .ring.batch_ring import BatchRing, RingHandle, RingLayout, check_ring_memory
-from .remote.cluster import remote_setup
+from .remote.cluster import remote_capacity, remote_setup
 from .remote.settings import RemoteDecode
 from .ring.kept import KeptBatches
 from .settings import DEFAULT_MAX_MEMBER_BYTES, STANDIN, DeviceDecode, LoaderSettings, unknown_argument
 from .stats import LoaderStats, StatsRecorder
 from .tune.auto import AutoWorkers
-from .tune.autotune import AUTO
+from .tune.autotune import AUTO, choose
 from .tune.tuner import CpuMeter, WorkerTuner
 from .workers.launch import Launcher
 from .workers.pool import WorkerPool
@@ -196,11 +197,17 @@ class StagingLoader:
         self.auto_workers = s.workers == AUTO
         self.placement = for_this_process(s.cpu_placement, s.trainer_cores, on_device,  # cpus/placement.py
                                           self.device.index if self.device.type == "cuda" else None)
-        s, most = s.resolve_auto("cuda" if on_device else "cpu", int(getattr(transform, "threads_per_worker", 1)),
-                                 len(self.placement.worker_cpus) if self.placement.placed else None)
+        threads_per_worker = int(getattr(transform, "threads_per_worker", 1))
+        placed = len(self.placement.worker_cpus) if self.placement.placed else None
+        remote_most = 0
+        if s.remote is not None and self.auto_workers:  # the cluster's share, grown into after the local CPUs
+            here = choose("cuda" if on_device else "cpu", device_decode=s.device_decode is not None,
+                          threads_per_worker=threads_per_worker, placed_cpus=placed).most
+            remote_most = remote_capacity(s.remote, here)
+        s, most, local = s.resolve_auto("cuda" if on_device else "cpu", threads_per_worker, placed, remote_most)
         self.settings, self.most_workers = s, most
         meter = CpuMeter(cpus=set(self.placement.worker_cpus)) if self.placement.placed else None  # workers' idle
-        tuner = WorkerTuner(int(s.workers), most, meter) if self.auto_workers and most > s.workers else None
+        tuner = WorkerTuner(int(s.workers), most, meter, local) if self.auto_workers and most > s.workers else None
         if len(first) < self.rank.world_size:  # more workers than shards is fine; a growing cache was waited for
             raise SettingError(
                 "shards", f"{len(first)} shard(s){' (the whole source)' if self.source.growing else ''} for "
@@ -231,8 +238,8 @@ class StagingLoader:
                 p.gpu = (StandInGpu(self._cost) if self.standin else CudaGpu(self.device, self._cost))
                 p.gpu.pin(p.ring.memory)
             remote_json, remote_places = remote_setup(  # refused, or fallen back from, before a worker starts
-                s.remote, int(s.workers), len(self.placement.worker_cpus) if self.placement.placed
-                else len(os.sched_getaffinity(0)), first)
+                s.remote, most, len(self.placement.worker_cpus) if self.placement.placed
+                else len(os.sched_getaffinity(0)), first, tuple(range(local, most)) if remote_most else None)
             setup = WorkerSetup(RingHandle.of(p.ring), s.shuffle_buffer if s.shuffle else 0, s.drop_last,
                                 logging.getLogger("feedline").getEffectiveLevel(), s.block, remote_json, remote_places)
             stats, slots = self._stats, s.slots
@@ -475,11 +482,22 @@ class StagingLoader:
         resumes every rank: a collective, called on every rank as Lightning and Accelerate do.
         """
         coordinator = self._pipeline.coordinator
+        keep = self._keeps_list()
         if coordinator is None:
-            return self._own_state()
-        return {"format": RANKS_FORMAT, "ranks": coordinator.gather(self._own_state())}  # every rank calls it
+            return self._own_state(keep)
+        ranks = coordinator.gather(self._own_state(with_shards=False))  # every rank calls it: a rank's is kilobytes
+        plan = self._resume.plan if self._resume is not None else self.plan
+        lists = shared_lists(ranks, {plan.digest: plan.shards} if keep and plan is not None else {})
+        if keep and any(st["plan"] is not None and st["plan"].get("shards_digest") not in lists for st in ranks):
+            ranks = coordinator.gather(self._own_state(with_shards=True))  # ranks that split other lists: each its own
+        return {"format": RANKS_FORMAT, "ranks": ranks, **({"shards": lists} if lists else {})}
 
-    def _own_state(self) -> dict[str, Any]:
+    def _keeps_list(self) -> bool:
+        """A state keeps the shard names where the source cannot list them again at load (a growing cache, a
+        mixture's draw); elsewhere their digest, checked against the list the loader is given."""
+        return bool(self.source.growing or self.mixture is not None)
+
+    def _own_state(self, with_shards: bool = True) -> dict[str, Any]:
         c = self._cursor
         if c is not None and self.plan is not None and not c.finished:
             if c.expected is None:  # the epoch's batch count, from the shard indexes, once, when first asked
@@ -490,8 +508,10 @@ class StagingLoader:
         if self._resume is not None:  # loaded, not yet iterated: the start of the resumed epoch
             r = self._resume
             cursor = Cursor.start(self.settings.workers, r.first, r.delivered)
-            return make_state(r.plan, cursor, r.plan.epoch, self._state_settings(), self._counts)
-        return make_state(self.plan, self._cursor, self._epochs.next, self._state_settings(), self._counts)
+            return make_state(r.plan, cursor, r.plan.epoch, self._state_settings(), self._counts,
+                              with_shards and self._keeps_list())
+        return make_state(self.plan, self._cursor, self._epochs.next, self._state_settings(), self._counts,
+                          with_shards and self._keeps_list())
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], elastic: bool = False) -> None:
         """Go on from a saved state at the next ``iter()``.

@@ -193,10 +193,6 @@ class LoaderSettings:
         set_(self, "remote", RemoteDecode.parse(self.remote))
         if self.remote is not None and not ray_installed():
             raise SettingError("remote", f"remote decoding runs on Ray, which is not installed here: {RAY_INSTALL}")
-        if self.remote is not None and self.workers == AUTO:
-            raise SettingError("remote", "needs a number of workers (the plan's worker places, some decoded "
-                                         "remotely), not workers='auto': set workers, e.g. to the local decode "
-                                         "CPUs plus the actors the cluster gives")
         if self.trainer_cores is not None:
             set_(self, "trainer_cores", _int("trainer_cores", self.trainer_cores, 1))
         for name in ("zero_copy", "in_order", "drop_last"):
@@ -216,28 +212,30 @@ class LoaderSettings:
         assert isinstance(self.workers, int) and isinstance(self.transfer_threads, int), "resolve 'auto' first"
         return default_ring_slots(self.workers, self.transfer_threads, self.device_queue)
 
-    def resolve_auto(self, device_type: str, threads_per_worker: int = 1,
-                     placed_cpus: int | None = None) -> tuple["LoaderSettings", int]:
-        """(these settings with ``auto`` replaced by numbers, the most workers they may grow to): the choice is
-        ``autotune.choose``'s, logged; the ring gets slots for the most. ``threads_per_worker``: the decode
-        threads each worker runs (a video transform's): workers x threads fit the rank's CPUs. ``placed_cpus``:
-        the CPUs placement gave the workers (None: not placed)."""
+    def resolve_auto(self, device_type: str, threads_per_worker: int = 1, placed_cpus: int | None = None,
+                     remote_most: int = 0) -> tuple["LoaderSettings", int, int]:
+        """(these settings with ``auto`` replaced by numbers, the most workers they may grow to, the places below
+        which they decode here): the choice is ``autotune.choose``'s, logged; the ring gets slots for the most.
+        ``threads_per_worker``: the decode threads each worker runs (a video transform's): workers x threads fit
+        the rank's CPUs. ``placed_cpus``: the CPUs placement gave the workers (None: not placed).
+        ``remote_most``: with ``workers="auto"`` and ``remote=``, the places a Ray cluster may decode beyond the
+        local ones: ``auto`` grows into them once the local CPUs are used (local first, remote for the rest)."""
         if AUTO not in (self.workers, self.transfer_threads):
             cpus = (placed_cpus or autotune.usable_cpus()[0]) if threads_per_worker > 1 else 0
             if threads_per_worker > 1 and int(self.workers) * threads_per_worker > cpus:
                 log.warning("workers=%s x %d decode threads a worker is more than the %d CPUs here: they will share "
                             "them (lower workers, or the transform's threads)", self.workers, threads_per_worker, cpus)
-            return self, int(self.workers)
+            return self, int(self.workers), int(self.workers)
         choice = autotune.choose(device_type, max_workers=self.max_workers,
                                  device_decode=self.device_decode is not None, threads_per_worker=threads_per_worker,
-                                 placed_cpus=placed_cpus)
-        most = choice.most if self.workers == AUTO else int(self.workers)
+                                 placed_cpus=placed_cpus, remote_most=remote_most if self.workers == AUTO else 0)
+        most, local = (choice.most, choice.local) if self.workers == AUTO else (int(self.workers), int(self.workers))
         threads = choice.transfer_threads if self.transfer_threads == AUTO else int(self.transfer_threads)
         out = self.replace(workers=choice.workers if self.workers == AUTO else self.workers, max_workers=None,
                            transfer_threads=threads,
                            ring_slots=self.ring_slots or default_ring_slots(most, threads, self.device_queue))
         log.info("workers=%d, transfer_threads=%d (auto: %s)", out.workers, threads, choice.reason)
-        return out, most
+        return out, most, local
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

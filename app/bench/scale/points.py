@@ -3,12 +3,14 @@
 
 Each runs the real planning, resume, index and cache code on made-up inputs (``made_up.py``):
 - ``state``: one rank's ``state_dict`` (the loader's ``make_state``) mid-epoch, over S shards whose sample
-  counts a cache's manifest gave, optionally after an elastic resume (the plan's skip lists);
+  counts a cache's manifest gave, optionally after an elastic resume (the plan's skip lists): its part of a
+  checkpoint's gather, and the shard list a growing cache's checkpoint keeps once;
 - ``epoch_start``: one rank's epoch start over a folder of S real tiny shards (the source's listing, the plan, the
   batch count the loader asks for), its metadata calls counted;
 - ``index``: a shard index's memory a sample (``load_index`` of a real tar of S samples);
 - ``fill``: a cache filled with C tiny shards by the sidecar's store (``CacheStore.publish``);
-- ``elastic``: an elastic resume R -> R/2 of an epoch of N samples half delivered (``plan_resume``), for one rank;
+- ``elastic``: an elastic resume R -> R/2 of an epoch of N samples half delivered (``plan_resume``), for one rank:
+  its time, and the most memory it allocates at once (traced, in a second run);
 - ``agreement``: R real gloo ranks: the loader's process group, an epoch's agreement, a state gather.
 """
 
@@ -42,10 +44,11 @@ def _rss_mib() -> float:
 
 
 def _state(plan: EpochPlan, counts: dict[str, int], delivered: int, workers: int = W) -> dict[str, Any]:
-    """A rank's state taken mid-epoch: each worker ``delivered`` samples into its stream."""
+    """A rank's state taken mid-epoch, as a checkpoint's gather holds it (the shard list by its digest: a growing
+    cache's names are kept once for all ranks): each worker ``delivered`` samples into its stream."""
     per = max(1, delivered // workers)
     cursor = Cursor.start(workers, [per // BATCH] * workers, [per] * workers)
-    return make_state(plan, cursor, plan.epoch, _settings(plan.rank, workers), counts)
+    return make_state(plan, cursor, plan.epoch, _settings(plan.rank, workers), counts, with_shards=False)
 
 
 def state(S: int, N: int, R: int, resumed: bool = False) -> dict[str, Any]:
@@ -57,7 +60,9 @@ def state(S: int, N: int, R: int, resumed: bool = False) -> dict[str, Any]:
     plan = EpochPlan.make(shards, epoch=3, seed=0, rank=Rank(R // 2, R), workers=W, skip=skip)
     t0 = time.perf_counter()
     text = json.dumps(_state(plan, counts, N // R // 2))
-    return {"bytes": len(text), "seconds": time.perf_counter() - t0, "rss_mib": _rss_mib()}
+    seconds = time.perf_counter() - t0
+    return {"bytes": len(text), "seconds": seconds, "rss_mib": _rss_mib(),
+            "list_bytes": len(json.dumps({plan.digest: list(plan.shards)}))}
 
 
 def epoch_start(S: int, R: int, folder: str) -> dict[str, Any]:
@@ -136,12 +141,15 @@ def elastic(N: int, S: int, R: int) -> dict[str, Any]:
     states = [_state(EpochPlan.make(shards, epoch=3, seed=0, rank=Rank(r, R), workers=workers), counts,
                      N // R // 2, workers) for r in range(R)]
     new = Rank(0, R // 2)
-    before = _rss_mib()
     t0 = time.perf_counter()
     resume, _ = plan_resume(states, _settings(new, workers), new, shards, False, True)
     seconds = time.perf_counter() - t0
     assert resume is not None
-    return {"seconds": seconds, "rss_mib": _rss_mib(), "rss_added_mib": _rss_mib() - before,
+    tracemalloc.start()  # again, for the memory it takes (traced: slower, so not the timed run)
+    plan_resume(states, _settings(new, workers), new, shards, False, True)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return {"seconds": seconds, "rss_mib": _rss_mib(), "peak_mib": peak / 2**20,
             "state_bytes": len(json.dumps(states[0]))}
 
 

@@ -20,12 +20,14 @@ the skip lists an elastic resume leaves); one rank's epoch start over a folder o
 and file opened counted, since on a shared filesystem each is a round trip to its metadata server; a shard index
 of real tar headers (`load_index`), its memory measured with `tracemalloc`; the sidecar's `CacheStore.publish`
 filling a cache of C tiny shards on tmpfs (fsyncs included); an elastic resume R -> R/2 of an epoch half
-delivered, for one rank of the new run (`plan_resume`), its time and the memory it adds (peak RSS). Each point runs
+delivered, for one rank of the new run (`plan_resume`), its time and the most memory it allocates (traced with
+`tracemalloc`, in a second run); a rank's state as a checkpoint's gather holds it, the shard list by its digest
+(a growing cache's list kept once for all ranks, its size given beside). Each point runs
 in a process of its own.
 
 **What is not**: real ranks (one rank's share is computed; every rank does the same), a shared filesystem's
 latency (calls are counted, not timed there), the network of a gather (sizes are computed: a rank's state times
-R), a real store's listing, and decoding. A curve's **slope** is its log-log slope: 1 grows with the size, 2 with
+R, and a growing cache's list once), a real store's listing, and decoding. A curve's **slope** is its log-log slope: 1 grows with the size, 2 with
 its square. A figure marked *curve extended* is the largest point carried to the target along that slope.
 """
 
@@ -58,25 +60,28 @@ def markdown(d: dict[str, Any]) -> str:
               f"{slope(d['state'], 'S', 'bytes') or 0:.2f}):", ""]
     for r in d["state"]:
         if "bytes" in r:
-            r["gathered_gib"] = r["bytes"] * r["R"] / 2**30
+            r["gathered_mib"] = (r["bytes"] * r["R"] + r.get("list_bytes", 0)) / 2**20
             r["kib"] = r["bytes"] / 1024
             r["ms"] = r["seconds"] * 1e3
     lines += _table(d["state"], [("S", "S"), ("state a rank (KiB)", "kib"), ("built in (ms)", "ms"),
-                                 ("gathered at R (GiB)", "gathered_gib")])
+                                 ("gathered at R (MiB, a growing cache's list once)", "gathered_mib")])
     for r in d["state_resumed"]:
         if "bytes" in r:
             r["kib"] = r["bytes"] / 1024
-    lines += [f"After an elastic resume (every rank's plan lists the samples delivered before it, as runs of indexes), S = 1e3 (slope over "
+    lines += [f"After an elastic resume (a rank's plan lists the samples of its own shards delivered before it, as runs of indexes), S = 1e3 (slope over "
               f"N: {slope(d['state_resumed'], 'N', 'bytes') or 0:.2f}):", ""]
     lines += _table(d["state_resumed"], [("N", "N"), ("state a rank (KiB)", "kib")])
     lines += ["## 2. Elastic resume", "",
               f"R ranks' states of an epoch half delivered, loaded by rank 0 of R/2, S = 1e3, 4 workers a rank; over N "
               f"(slope {slope(d['elastic'], 'N', 'seconds') or 0:.2f} in time, "
-              f"{slope(d['elastic'], 'N', 'rss_added_mib') or 0:.2f} in memory):", ""]
-    lines += _table(d["elastic"], [("N", "N"), ("R", "R"), ("seconds", "seconds"), ("memory added (MiB)",
-                                                                                     "rss_added_mib")])
+              f"{slope(d['elastic'], 'N', 'peak_mib') or 0:.2f} in memory); the rank replays only the old streams "
+              f"that read its own new share's shards (with the same seed, those of two old ranks), and keeps only "
+              f"their indexes:", ""]
+    lines += _table(d["elastic"], [("N", "N"), ("R", "R"), ("seconds", "seconds"), ("memory allocated at most (MiB)",
+                                                                                     "peak_mib")])
     lines += [f"Over R at N = 1e6 (slope {slope(d['elastic_ranks'], 'R', 'seconds') or 0:.2f} in time):", ""]
-    lines += _table(d["elastic_ranks"], [("R", "R"), ("seconds", "seconds"), ("memory added (MiB)", "rss_added_mib")])
+    lines += _table(d["elastic_ranks"], [("R", "R"), ("seconds", "seconds"), ("memory allocated at most (MiB)",
+                                                                             "peak_mib")])
     lines += ["## 3. Epoch start", "", "One rank of 4096 (its middle one) over S real tiny shards in a folder "
               f"(slope over S: {slope(d['epoch_start'], 'S', 'seconds') or 0:.2f} in time, "
               f"{slope(d['epoch_start'], 'S', 'calls') or 0:.2f} in calls):", ""]

@@ -15,6 +15,7 @@ decoded whole, so rows of one group in two workers would be decoded twice.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -142,6 +143,16 @@ def from_ranges(value: Sequence[Any]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def shards_digest(shards: Sequence[str]) -> str:
+    """What a state keeps of a shard list (DESIGN.md, "Scale"): the sorted names' SHA-256, so that a state is
+    kilobytes whatever the shard count, and a list given back at load is checked to be the one the plan split."""
+    h = hashlib.sha256()
+    for name in sorted(shards):
+        h.update(name.encode("utf-8", "surrogateescape"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
 def stream_seed(seed: int, epoch: int, rank: int, worker: int) -> str:
     """Seed of a worker's sample shuffle buffer and its transforms' randomness."""
     return f"feedline-samples:{seed}:{epoch}:{rank}:{worker}"
@@ -208,12 +219,17 @@ class EpochPlan:
     mixture: Mixture | None = None
     interleaved: bool = False  # the epoch shuffle: every worker reads its part of every shard (``interleave``)
     _groups: dict[str, Sequence[int] | None] = field(default_factory=dict, compare=False, repr=False)  # Parquet rows'
+    _digest: list[str] = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def make(cls, shards: list[str] | tuple[str, ...], *, epoch: int, seed: int, rank: Rank, workers: int,
              shuffle: bool = True, skip: Mapping[str, tuple[int, ...]] | None = None,
-             mixture: Mixture | None = None, interleaved: bool = False) -> "EpochPlan":
-        order = list(mixture.order) if mixture is not None else epoch_order(shards, seed, epoch, shuffle)
+             mixture: Mixture | None = None, interleaved: bool = False,
+             ordered: Sequence[str] | None = None) -> "EpochPlan":
+        """``ordered``: the epoch's order when the caller has it (``epoch_order`` of these arguments): the plans of
+        many ranks of one epoch (an elastic resume's) order the shards once."""
+        order = (list(mixture.order) if mixture is not None else list(ordered) if ordered is not None
+                 else epoch_order(shards, seed, epoch, shuffle))
         mine = split(order, rank.rank, rank.world_size)
         assignment, parts = interleave(mine, workers) if interleaved else assign(mine, workers)
         left_out = {**(mixture.skip if mixture is not None else {}), **(skip or {})}
@@ -235,7 +251,7 @@ class EpochPlan:
     @property
     def rank_shards(self) -> int:
         """Shards this rank reads in the epoch."""
-        return len({self.path_of(entry) for a in self.assignment for entry in a})
+        return len(self.own_paths())
 
     def batches(self, batch_size: int, drop_last: bool, counts: Mapping[str, int] | None = None) -> int:
         """Batches this rank yields in the epoch, from the shard indexes: without ``drop_last`` each worker's
@@ -295,17 +311,35 @@ class EpochPlan:
                 f"{len(self.shards)} shards{split_}, workers read {shares}, seed {self.seed}"
                 f"{'' if self.shuffle else ', unshuffled'}{mix}")
 
-    def get_state(self) -> dict[str, Any]:
-        """Plain data from which ``from_state`` rebuilds this plan exactly (the assignment is derived)."""
+    def get_state(self, with_shards: bool = True) -> dict[str, Any]:
+        """Plain data from which ``from_state`` rebuilds this plan exactly (the assignment is derived).
+
+        The shard list is kept by its digest and count; the names themselves only ``with_shards`` (a source
+        that cannot give them back at load: a growing cache). ``from_state`` needs them: ``resume.py`` puts
+        back the list the digest names. Of the samples left out, only those of this rank's own entries (the
+        rest are other ranks' to keep: an elastic resume takes every rank's state)."""
+        mine = {entry for a in self.assignment for entry in a}
         return {"epoch": self.epoch, "seed": self.seed, "rank": self.rank.rank, "world_size": self.rank.world_size,
                 "shuffle": self.shuffle, "interleaved": self.interleaved, "workers": self.workers,
-                "shards": list(self.shards),
-                "skip": {entry: as_ranges(v) for entry, v in self.skip.items()},
+                "shards_digest": self.digest, "shards_count": len(self.shards),
+                **({"shards": list(self.shards)} if with_shards else {}),
+                "skip": {entry: as_ranges(v) for entry, v in self.skip.items() if entry in mine},
                 **({"mixture": self.mixture.get_state()} if self.mixture is not None else {})}
 
+    @property
+    def digest(self) -> str:
+        """``shards_digest`` of the snapshot, computed once a plan."""
+        if not self._digest:  # (the plan is frozen: a one-item list holds it)
+            self._digest.append(shards_digest(self.shards))
+        return self._digest[0]
+
+    def own_paths(self) -> set[str]:
+        """The shards this rank reads in the epoch."""
+        return {self.path_of(entry) for a in self.assignment for entry in a}
+
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> "EpochPlan":
-        return cls.make(state["shards"], epoch=int(state["epoch"]), seed=int(state["seed"]),
+    def from_state(cls, state: Mapping[str, Any], ordered: Sequence[str] | None = None) -> "EpochPlan":
+        return cls.make(state["shards"], epoch=int(state["epoch"]), seed=int(state["seed"]), ordered=ordered,
                         rank=Rank(int(state["rank"]), int(state["world_size"])), workers=int(state["workers"]),
                         shuffle=bool(state["shuffle"]),
                         skip={entry: from_ranges(v) for entry, v in state.get("skip", {}).items()},

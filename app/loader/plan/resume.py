@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...errors import SettingError
 from ...formats.parquet import groups_of, row_group_bytes
 from ...formats.shard_index import ShardError, load_index
 from ...formats.urls import is_parquet
-from .epoch_plan import EpochPlan, part_indexes, split_groups, stream_seed
+from .epoch_plan import EpochPlan, epoch_order, part_indexes, shards_digest, split, split_groups, stream_seed
 from .mixture import Mixture
 from .rank import Rank
 from .stream import ShardProblem, order
@@ -81,19 +81,39 @@ class Resume:
 
 
 def make_state(plan: EpochPlan | None, cursor: Cursor | None, next_epoch: int, settings: Mapping[str, Any],
-               counts: Mapping[str, int] | None = None) -> dict[str, Any]:
+               counts: Mapping[str, int] | None = None, with_shards: bool = True) -> dict[str, Any]:
     """The JSON-serializable state: format, the loader's settings that matter, the plan and the cursor.
 
     ``counts`` (samples per shard, where the source knows them: a cache's manifest) let a resume replay
-    the epoch even after some of its shards are gone.
+    the epoch even after some of its shards are gone: only this rank's own shards' (its replay reads no
+    other). The shard list is kept by its digest, and by its names too only ``with_shards`` (a source that
+    cannot list them again at load).
     """
     state: dict[str, Any] = {"format": FORMAT, "next_epoch": next_epoch, **settings}
     if plan is None or cursor is None:
         state["plan"] = None
         return state
-    state.update(plan=plan.get_state(), batches=cursor.batches, finished=cursor.finished,
-                 per_worker=[list(w) for w in cursor.per_worker], counts=dict(counts or {}))
+    own = plan.own_paths() if counts else set()
+    state.update(plan=plan.get_state(with_shards), batches=cursor.batches, finished=cursor.finished,
+                 per_worker=[list(w) for w in cursor.per_worker],
+                 counts={p: n for p, n in (counts or {}).items() if p in own})
     return state
+
+
+def shared_lists(states: Sequence[Mapping[str, Any]], lists: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """The shard lists a gathered state (``RANKS_FORMAT``) keeps once for all ranks, by digest: each list that a
+    rank's plan names by its digest alone, from ``lists`` (the lists this rank has)."""
+    wanted = {st["plan"].get("shards_digest") for st in states
+              if st.get("plan") is not None and "shards" not in st["plan"]}
+    return {d: list(lists[d]) for d in sorted(x for x in wanted if x) if d in lists}
+
+
+def _with_list(state: Mapping[str, Any], lists: Mapping[str, Sequence[str]]) -> Mapping[str, Any]:
+    """``state`` with its plan's shard names put back from ``lists`` (by digest) where it holds only the digest."""
+    plan = state.get("plan")
+    if plan is None or "shards" in plan or plan.get("shards_digest") not in lists:
+        return state
+    return {**state, "plan": {**plan, "shards": list(lists[plan["shards_digest"]])}}
 
 
 def _check_format(state: Mapping[str, Any]) -> None:
@@ -112,7 +132,8 @@ def own_state(state: Mapping[str, Any] | Sequence[Mapping[str, Any]], rank: Rank
         state = state[0]  # the same states, gathered once per rank
     if not isinstance(state, Mapping) or state.get("format") != RANKS_FORMAT:
         return state, elastic
-    ranks = list(state["ranks"])
+    lists = state.get("shards") or {}  # digest -> names, kept once for every rank that needs them
+    ranks = [_with_list(st, lists) for st in state["ranks"]]
     if len(ranks) == rank.world_size and not elastic:
         return ranks[rank.rank], False
     if len(ranks) != rank.world_size:
@@ -183,6 +204,9 @@ def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], setting
         raise SettingError("state", f"was saved by a loader with other settings: {', '.join(wrong)}. Load it into a "
                                     f"loader with those settings, or pass elastic=True to resume with every "
                                     f"remaining sample of the epoch exactly once (in another order)")
+    many = [_resolved_list(st, current_shards) for st in many]
+    first = many[0]
+    plan_state = first["plan"]
     saved = list(plan_state["shards"])
     gone, new = _shard_changes(saved, current_shards)
     if growing:  # evicted from the cache since, but kept on disk while this reader's lease names it (readers.py)
@@ -202,21 +226,62 @@ def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], setting
         plan = EpochPlan.from_state(plan_state)
         per_worker = first["per_worker"]
         return Resume(plan, [b for b, _ in per_worker], [p for _, p in per_worker]), epoch
-    delivered = delivered_samples(many)
-    count = sum(len(v) for v in delivered.values())
-    log.info("resume of epoch %d by replay: %d samples were delivered before; the rest goes to %d rank(s) x %d "
-             "worker(s)", epoch, count, rank.world_size, settings["workers"])
     mixture = Mixture.from_state(plan_state["mixture"]) if plan_state.get("mixture") else None
-    plan = EpochPlan.make(saved, epoch=epoch, seed=int(settings["seed"]), rank=rank, workers=int(settings["workers"]),
-                          shuffle=bool(settings["shuffle"]),
-                          skip={entry: tuple(sorted(v)) for entry, v in delivered.items() if v}, mixture=mixture,
-                          interleaved=int(settings.get("shuffle_block") or 0) > 0)
+    fresh = EpochPlan.make(saved, epoch=epoch, seed=int(settings["seed"]), rank=rank, workers=int(settings["workers"]),
+                           shuffle=bool(settings["shuffle"]), mixture=mixture,
+                           interleaved=int(settings.get("shuffle_block") or 0) > 0)
+    delivered = delivered_samples(many, frozenset(e for a in fresh.assignment for e in a))
+    count = sum(len(v) for v in delivered.values())
+    log.info("resume of epoch %d by replay: %d samples of this rank's share were delivered before; the rest goes "
+             "to its %d worker(s) (%d rank(s) in all)", epoch, count, settings["workers"], rank.world_size)
+    plan = replace(fresh, skip={**fresh.skip, **{entry: tuple(sorted(v)) for entry, v in delivered.items() if v}})
     return Resume(plan), epoch
 
 
-def delivered_samples(states: Sequence[Mapping[str, Any]]) -> dict[str, set[int]]:
+def _resolved_list(state: Mapping[str, Any], current: Sequence[str]) -> Mapping[str, Any]:
+    """``state`` with its plan's shard names: its own, or the source's now when they are the ones its digest
+    names; refused, saying so, when the shard list changed and the state kept only its digest."""
+    plan = state["plan"]
+    if plan is None or "shards" in plan:
+        return state
+    if shards_digest(current) == plan.get("shards_digest"):
+        return {**state, "plan": {**plan, "shards": sorted(current)}}
+    raise SettingError("state", f"the shard list changed since the state was saved ({plan.get('shards_count')} "
+                                f"shards then, {len(current)} now, another list): a state keeps the list by its "
+                                f"digest only, so the epoch's plan cannot be rebuilt over another one; pass the "
+                                f"same shards (elastic=True goes on with what is left only where the state kept "
+                                f"the names: a growing cache's)")
+
+
+def _old_plans(states: Sequence[Mapping[str, Any]],
+               only: frozenset[str] | None) -> Iterator[tuple[Mapping[str, Any], EpochPlan]]:
+    """(state, its plan) of the interrupted run's ranks that read any of ``only`` (None: all): the epoch's shard
+    order is computed once for all of them, and a rank that read none of those entries is not planned at all."""
+    orders: dict[tuple[Any, ...], list[str]] = {}
+    for st in states:
+        p = st["plan"]
+        if p.get("mixture"):  # a mixture's order is its draw's, in its state
+            plan = EpochPlan.from_state(p)
+            if only is None or any(not only.isdisjoint(a) for a in plan.assignment):
+                yield st, plan
+            continue
+        key = (p.get("shards_digest") or tuple(p["shards"]), int(p["seed"]), int(p["epoch"]), bool(p["shuffle"]))
+        if key not in orders:
+            orders[key] = epoch_order(p["shards"], int(p["seed"]), int(p["epoch"]), bool(p["shuffle"]))
+        ordered = orders[key]
+        if only is not None and only.isdisjoint(split(ordered, int(p["rank"]), int(p["world_size"]))):
+            continue
+        yield st, EpochPlan.from_state(p, ordered)
+
+
+def delivered_samples(states: Sequence[Mapping[str, Any]],
+                      only: frozenset[str] | None = None) -> dict[str, set[int]]:
     """Per plan entry (a shard; in a mixture, a shard in one pass), the sample indexes the interrupted run(s)
-    delivered — or that the epoch's draw left out: replayed from the saved streams."""
+    delivered — or that the epoch's draw left out: replayed from the saved streams.
+
+    ``only``: the entries the resuming rank reads (its share of the new split): only the old streams that read
+    any of them are replayed, and only their indexes kept, so the work and the memory are in proportion to the
+    rank's own share, not to the epoch (DESIGN.md, "Scale")."""
     counts: dict[str, int] = {p: int(n) for st in states for p, n in st.get("counts", {}).items()}
 
     def samples_of(path: str) -> int:
@@ -254,15 +319,15 @@ def delivered_samples(states: Sequence[Mapping[str, Any]]) -> dict[str, set[int]
         return split_groups(plan.path_of(entry), *known) if known is not None else None
 
     done: dict[str, set[int]] = {}
-    for st in states:
-        plan = EpochPlan.from_state(st["plan"])
+    for st, plan in _old_plans(states, only):
         for entry, indexes in plan.skip.items():
-            done.setdefault(entry, set()).update(indexes)
+            if only is None or entry in only:
+                done.setdefault(entry, set()).update(indexes)
         skip = {entry: set(v) for entry, v in plan.skip.items()}
         for w, (entries, parts) in enumerate(zip(plan.assignment, plan.parts)):
             taken = st["per_worker"][w][1] if not st["finished"] else float("inf")
-            if not taken:
-                continue
+            if not taken or (only is not None and only.isdisjoint(entries)):
+                continue  # (a stream that read none of the entries asked for is not replayed)
             groups = ([(entry, i) for i in part_indexes(plan.path_of(entry), samples_of(plan.path_of(entry)), (k, n),
                                                          rows_of(entry) if n > 1 else None)
                        if i not in skip.get(entry, ())]
@@ -274,5 +339,6 @@ def delivered_samples(states: Sequence[Mapping[str, Any]]) -> dict[str, set[int]
                     break
                 assert not isinstance(item, ShardProblem)
                 entry, i = item
-                done.setdefault(entry, set()).add(i)
+                if only is None or entry in only:
+                    done.setdefault(entry, set()).add(i)
     return done

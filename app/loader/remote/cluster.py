@@ -8,9 +8,12 @@ back from, within ``connect_timeout`` seconds, naming the address.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 import time
 
 from ...errors import SettingError
@@ -19,6 +22,14 @@ from .settings import AUTO, INSTALL, RemoteDecode
 log = logging.getLogger("feedline.loader")
 
 CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"  # where `ray start` writes the address of the cluster it joined
+MOST_AUTO_PLACES = 32  # workers="auto" with places="auto": the most places it grows onto a cluster (one proxy each here)
+ASK_TIMEOUT = 60.0  # seconds the one question to the cluster (its CPUs) may take, beyond connect_timeout
+_ASK = """
+import json, sys
+import ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False, configure_logging=False)
+print(json.dumps(ray.cluster_resources()))
+"""
 
 
 def ray_installed() -> bool:
@@ -90,10 +101,47 @@ def check_cluster(remote: RemoteDecode) -> RemoteDecode | None:
     raise SettingError("remote", f"{message}, or set fallback=local to decode here without it")
 
 
+def cluster_cpus(address: str, timeout: float) -> float | None:
+    """The CPUs a Ray cluster has, asked by a short-lived driver process (the training process never imports
+    Ray); None when it cannot say within ``timeout`` seconds."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _ASK, address], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+        if done.returncode == 0:
+            return float(json.loads(done.stdout.strip().splitlines()[-1]).get("CPU", 0.0))
+        log.warning("remote: asking %s for its CPUs failed: %s", address, done.stderr.strip()[-300:])
+    except subprocess.TimeoutExpired:
+        log.warning("remote: %s did not say how many CPUs it has within %.0f s", address, timeout)
+    except (OSError, ValueError, IndexError, AttributeError) as exc:
+        log.warning("remote: asking %s for its CPUs failed: %s", address, exc)
+    return None
+
+
+def remote_capacity(remote: RemoteDecode, local: int) -> int:
+    """``workers="auto"``: the most places the cluster may decode beyond the ``local`` ones: ``places`` when it is
+    a number; ``auto``: the cluster's CPUs over ``cpus`` an actor (at most ``MOST_AUTO_PLACES``; as many as the
+    local ones when it cannot say). 0 when nobody answers (``remote_setup`` then refuses, or falls back)."""
+    if remote.places != AUTO:
+        return int(remote.places)
+    address = resolve_address(remote.address)
+    if answers(address, remote.connect_timeout) is not None:
+        return 0
+    cpus = cluster_cpus(address, remote.connect_timeout + ASK_TIMEOUT)
+    if cpus is None:
+        log.warning("remote: places=auto with workers=auto grows onto at most %d places of the cluster (as many as "
+                    "the local ones); give places=N to say how many", local)
+        return local
+    places = min(MOST_AUTO_PLACES, int(cpus // remote.cpus))
+    log.info("remote: the cluster at %s has %g CPUs: at most %d places of %g CPU(s)", address, cpus, places,
+             remote.cpus)
+    return places
+
+
 def remote_setup(remote: RemoteDecode | None, workers: int, local_cpus: int,
-                 shards: list[str]) -> tuple[dict | None, tuple[int, ...]]:
+                 shards: list[str], places: tuple[int, ...] | None = None) -> tuple[dict | None, tuple[int, ...]]:
     """(the RemoteDecode the proxies get, as JSON; the worker places they decode): none without ``remote`` or,
-    with ``fallback="local"``, without a cluster. Checked before any worker starts."""
+    with ``fallback="local"``, without a cluster. Checked before any worker starts. ``places``: the places
+    ``workers="auto"`` may grow onto the cluster (every one beyond the local ones), else ``remote.places``'s."""
     if remote is None:
         return None, ()
     from ...formats import parquet
@@ -102,7 +150,8 @@ def remote_setup(remote: RemoteDecode | None, workers: int, local_cpus: int,
     if bad is not None:
         raise SettingError("remote", f"{bad} is a Parquet file: remote decoding reads tar and TFRecord shards "
                                      f"(a Parquet row is read through its file); decode Parquet here (no remote)")
-    places = remote.remote_places(workers, local_cpus)  # refused before the cluster is asked
+    if places is None:
+        places = remote.remote_places(workers, local_cpus)  # refused before the cluster is asked
     checked = check_cluster(remote)
     if checked is None:
         return None, ()

@@ -72,7 +72,7 @@ class AutoWorkers:
                     t.workers = verdict.workers
                 self.stop(None)
                 return None
-        d = decide(t.workers, t.most, window)
+        d = decide(t.workers, t.most, window, t.local)
         log.info("workers=auto: %s", d.reason)
         if d.workers > t.workers:
             t.before = ((t.workers, window.step_per_batch, (window.wait + window.step) / window.batches)

@@ -56,13 +56,21 @@ class Choice:
     most: int  # to grow to
     transfer_threads: int
     reason: str
+    local: int = 0  # places below it decode here, the rest on a Ray cluster (remote=); 0: all of them here
+
+    def __post_init__(self) -> None:
+        if not self.local:
+            object.__setattr__(self, "local", self.most)
 
 
 def choose(device_type: str, ranks_on_node: int | None = None, max_workers: int | None = None,
-           device_decode: bool = False, threads_per_worker: int = 1, placed_cpus: int | None = None) -> Choice:
+           device_decode: bool = False, threads_per_worker: int = 1, placed_cpus: int | None = None,
+           remote_most: int = 0) -> Choice:
     """Workers (to start with, and the most) and transfer threads for one rank; ``threads_per_worker``: decode
     threads each worker runs (a video transform's), so that workers x threads fit the rank's CPUs.
-    ``placed_cpus``: the CPUs CPU placement gave this rank's workers (the training process keeps its own)."""
+    ``placed_cpus``: the CPUs CPU placement gave this rank's workers (the training process keeps its own).
+    ``remote_most``: places a Ray cluster may decode (``remote=``), after the local ones: the local CPUs first,
+    the cluster for the rest (Pecan's rule), ``max_workers`` capping the total."""
     threads = max(1, threads_per_worker)
     if placed_cpus is not None:
         most = max(1, placed_cpus // threads)
@@ -75,15 +83,22 @@ def choose(device_type: str, ranks_on_node: int | None = None, max_workers: int 
         why = [f"{found}", f"{ranks} rank(s) on this node: {per_rank} CPU(s) a rank, one left to the training loop"]
     if threads > 1:
         why.append(f"{threads} decode threads a worker")
+    local = most  # the places this host's CPUs decode
+    if remote_most > 0:
+        most = local + remote_most
     if max_workers is not None:
-        most = max_workers
+        most = max_workers if remote_most <= 0 else min(most, max_workers)
+        local = min(local, most) if remote_most > 0 else most
         why.append(f"max_workers={max_workers}")
-    start = max(1, most // 2)
+    if most > local:
+        why.append(f"places {local}..{most - 1} decoded on the Ray cluster, grown into once the {local} here are "
+                   f"in use (local first)")
+    start = max(1, local // 2)
     why.append(f"starting with {start} of at most {most}, grown during the first epoch while the loop waits")
     transfer = 1 if device_type == "cuda" and device_decode else 0
     why.append(f"{transfer} transfer thread(s)" + (": the batch's decode launched off the loop's thread" if transfer
                                                     else ": next() copies each batch itself"))
-    return Choice(start, most, transfer, "; ".join(why))
+    return Choice(start, most, transfer, "; ".join(why), local)
 
 
 def resolved(workers: int | str, transfer_threads: int | str, device_type: str,

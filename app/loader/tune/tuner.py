@@ -62,8 +62,10 @@ class Decision:
     reason: str
 
 
-def decide(workers: int, most: int, w: Window) -> Decision:
-    """The worker count after window ``w``: grow by what the wait says is missing, capped by the idle CPUs."""
+def decide(workers: int, most: int, w: Window, local: int | None = None) -> Decision:
+    """The worker count after window ``w``: grow by what the wait says is missing, capped by the idle CPUs here
+    and, past the ``local`` places (``remote=``: the rest decode on a Ray cluster), by the cluster's places."""
+    local = most if local is None else local
     starved = w.starvation
     figures = (f"the loop waited {starved:.0%} of its time, {w.decoded:.1f} batches decoded ahead, "
                f"{w.idle_cpus:.1f} CPUs idle")
@@ -74,13 +76,15 @@ def decide(workers: int, most: int, w: Window) -> Decision:
     if w.decoded >= 1.0:
         return Decision(workers, False, f"keeping {workers} workers for now: {figures} (the wait is for one "
                                         f"worker's turn, not for decoding)")
-    spare = math.floor(w.idle_cpus + 0.5)
-    if spare < 1:
+    here = max(0, min(local - workers, math.floor(w.idle_cpus + 0.5)))  # local first, on CPUs idle here
+    remote = most - max(workers, local)  # then the cluster's places: its CPUs, not this host's
+    if here + remote < 1:
         return Decision(workers, True, f"keeping {workers} workers, the CPUs are busy: {figures}")
     # fed, the loop would take a batch every `step`; it takes one every `wait + step`
     need = math.ceil(workers * (w.wait + w.step) / w.step) if w.step > 0 else most
-    target = min(most, workers + spare, max(workers + 1, need))
-    return Decision(target, target >= most, f"growing to {target} workers: {figures}")
+    target = min(most, workers + here + remote, max(workers + 1, need))
+    onto = f" (places {max(workers, local)}..{target - 1} on the Ray cluster)" if target > local else ""
+    return Decision(target, target >= most, f"growing to {target} workers{onto}: {figures}")
 
 
 def slowed(before: tuple[int, float, float], workers: int, w: Window) -> Decision | None:
@@ -154,9 +158,10 @@ class CpuMeter:
 class WorkerTuner:
     """The first epoch's windows: measures them from the loader's running totals and decides."""
 
-    def __init__(self, workers: int, most: int, meter: CpuMeter | None = None):
+    def __init__(self, workers: int, most: int, meter: CpuMeter | None = None, local: int | None = None):
         self.workers = workers
         self.most = most
+        self.local = most if local is None else local  # places below it decode here, the rest remotely
         self.growing_to: int | None = None  # workers started ahead, not yet given the epoch
         self.before: tuple[int, float, float] | None = None  # count, step and wait+step a batch before a growth
         self._meter = meter or CpuMeter()
