@@ -142,6 +142,20 @@ LENGTH = textwrap.dedent("""
 """)
 
 
+CACHED = textwrap.dedent("""
+    def cached(cache):
+        with StagingLoader(cache=cache, batch_size=4, workers=1, spec={"cls": "int64"}) as loader:
+            it = iter(loader)
+            before = [int(i) for _ in range(2) for i in next(it)["cls"]]
+            state = loader.state_dict()  # a growing cache's list: kept once, not in each rank's part
+        with StagingLoader(cache=cache, batch_size=4, workers=1, spec={"cls": "int64"}) as again:
+            again.load_state_dict(json.loads(json.dumps(state)))
+            after = [int(i) for b in again for i in b["cls"]]
+        return {"before": before, "after": after, "lists": len(state.get("shards", {})),
+                "in_ranks": sum("shards" in r["plan"] for r in state["ranks"]), "bytes": len(json.dumps(state))}
+""")
+
+
 def _main(call: str) -> str:
     """A torchrun script's end: the process group around ``call``, one RESULT line per rank (both ranks share
     torchrun's unbuffered stdout: one write each)."""
@@ -172,11 +186,36 @@ def one_job(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("job")
     epochs_data = jpeg_shards(str(tmp_path / "epochs"), [8, 8, 8, 8])
     length_data = jpeg_shards(str(tmp_path / "length"), [30, 8, 8])  # 3 shards for 2 ranks: never an even split
+    cache = _growing_cache(tmp_path / "cache", tmp_path / "ids")
     script = tmp_path / "job.py"
-    script.write_text(HEADER + EPOCHS + LENGTH + _main(
-        '{"epochs": epochs_of(sys.argv[1], ["plain", "peek"]), "length": lengths_of(sys.argv[2], ["drop", "pad"])}'))
-    run = torchrun(str(script), epochs_data, length_data, env={"PYTHONPATH": ROOT}, timeout=180)
+    script.write_text(HEADER + EPOCHS + LENGTH + CACHED + _main(
+        '{"epochs": epochs_of(sys.argv[1], ["plain", "peek"]), "length": lengths_of(sys.argv[2], ["drop", "pad"]), '
+        '"cached": cached(sys.argv[3])}'))
+    run = torchrun(str(script), epochs_data, length_data, cache, env={"PYTHONPATH": ROOT}, timeout=180)
     return run, length_data
+
+
+def _growing_cache(cache, data) -> str:
+    """A sidecar's cache of 6 shards of 10 ids (0..59), not complete: a growing source."""
+    from helpers import id_shards, publish_copy
+
+    from feedline.cache.store import CacheStore
+
+    id_shards(str(data), shards=6, per_shard=10)
+    store = CacheStore(str(cache), budget_bytes=1 << 30)
+    store.recover()
+    for k in range(6):
+        publish_copy(store, data, k)
+    return str(cache)
+
+
+def test_a_gathered_state_of_a_growing_cache_keeps_its_shard_list_once_and_resumes_every_sample_once(one_job):
+    run, _ = one_job
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [r["cached"] for r in _results(run)]
+    assert [(r["lists"], r["in_ranks"]) for r in results] == [(1, 0), (1, 0)]
+    ids = [i for r in results for i in r["before"] + r["after"]]
+    assert sorted(ids) == list(range(60))
 
 
 @pytest.fixture(scope="module")
