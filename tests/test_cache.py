@@ -3,12 +3,13 @@
 import hashlib
 import json
 import os
+import shutil
 import threading
 
 import pytest
 from helpers import publish_copy, shard_bytes
 
-from feedline.cache.manifest import read_manifest, shard_path
+from feedline.cache.manifest import LOG, MANIFEST, read_manifest, shard_path
 from feedline.cache.store import BudgetError, CacheStore
 from feedline.demo.store import Fault
 from feedline.formats.shard_index import ShardError
@@ -106,6 +107,80 @@ def test_publish_places_shard_and_index_and_bumps_the_generation(tmp_path, data)
     m = read_manifest(store.root)
     assert m.generation == gen + 1 and [s.id for s in m.shards] == ["ids-0000"] and m.shards[0].samples == 20
     assert os.listdir(store.partial_dir) == []
+
+
+def _publish_as(store, data, shard_id):
+    """Shard 0 of the remote dataset published under another id (as many shards as a test wants)."""
+    partial = store.partial_path(shard_id)
+    shutil.copyfile(data / "ids-0000.tar", partial)
+    return store.publish(shard_id, partial)
+
+
+def test_a_publish_appends_one_line_to_the_log_and_leaves_manifest_json_alone(tmp_path, data):
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=1 << 30)
+    store.recover()
+    before = os.stat(os.path.join(store.root, MANIFEST)).st_ino
+    gen = store.generation
+    for k in range(10):
+        _publish_as(store, data, f"p-{k:02d}")
+    assert os.stat(os.path.join(store.root, MANIFEST)).st_ino == before  # not rewritten: O(1) a publish
+    with open(os.path.join(store.root, LOG)) as f:
+        assert len(f.read().splitlines()) == 1 + 10  # its header, a line a publish
+    m = read_manifest(store.root)
+    assert m.generation == gen + 10 and [s.id for s in m.shards] == [f"p-{k:02d}" for k in range(10)]
+
+
+def test_a_torn_last_line_of_the_log_is_not_read_and_the_generation_before_it_is(tmp_path, data):
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=1 << 30)
+    store.recover()
+    for k in range(3):
+        _publish_as(store, data, f"p-{k}")
+    with open(os.path.join(store.root, LOG), "a") as f:
+        f.write('{"g": ' + str(store.generation + 1) + ', "add": [{"id": "p-3", "by')  # a writer died mid-line
+    m = read_manifest(store.root)
+    assert m.generation == store.generation and [s.id for s in m.shards] == ["p-0", "p-1", "p-2"]
+    store.recover()  # the next writer folds it all into manifest.json: the torn line is gone
+    assert [s.id for s in read_manifest(store.root).shards] == ["p-0", "p-1", "p-2"]
+
+
+def test_the_log_is_folded_into_manifest_json_once_it_is_as_long_as_the_cache_and_readers_never_see_a_gap(
+        tmp_path, data):
+    """A reader polling while 200 shards are published (with evictions past 150) sees whole generations only:
+    generations that never go back, each with the shards published up to it, the oldest gone first."""
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=150 * shard_bytes(data))
+    store.recover()
+    g0 = store.generation
+    seen, done = [], threading.Event()
+
+    def reader():
+        while not done.is_set():
+            m = read_manifest(store.root)
+            seen.append((m.generation, [s.id for s in m.shards]))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        folds = set()
+        for k in range(200):
+            _publish_as(store, data, f"f-{k:03d}")
+            folds.add(os.stat(os.path.join(store.root, MANIFEST)).st_ino)
+    finally:
+        done.set()
+        t.join()
+    assert len(folds) >= 3  # folded (at 64 and 128 shards, then in the steady state): a new manifest.json
+    with open(os.path.join(store.root, LOG)) as f:
+        assert len(f.read().splitlines()) <= 1 + 150
+    gens = [g for g, _ in seen]
+    assert gens == sorted(gens) and len(seen) > 10
+    newest = -1
+    for g, ids in seen:  # a run of consecutive shards, the oldest evicted first, at most the budget's 150
+        ks = [int(i[2:]) for i in ids]
+        assert ks == list(range(ks[0], ks[0] + len(ks))) if ks else True
+        assert len(ks) <= 150 and (not ks or ks[-1] >= newest)
+        assert not ks or g - g0 >= ks[-1] + 1  # a generation a publish at least
+        newest = ks[-1] if ks else newest
+    final = read_manifest(store.root)
+    assert [s.id for s in final.shards] == [f"f-{k:03d}" for k in range(50, 200)]
 
 
 def test_budget_is_kept_by_evicting_the_oldest_first(tmp_path, data):

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..cache.manifest import MANIFEST, read_manifest
+from ..cache.manifest import LOG, MANIFEST, read_manifest
 from ..demo.procs import free_port, stop_process
 from ..loader.tune.tuner import CpuMeter
 from .rounds import rotated
@@ -66,17 +66,18 @@ class _Filled:
     JSON parse each time took CPU from the sidecar it measures (2 cores)."""
 
     def __init__(self, cache: str, count: int):
-        self.path, self.count, self.seen = os.path.join(cache, MANIFEST), count, (0, 0)
+        self.cache, self.count, self.seen = cache, count, ()
 
     def __call__(self) -> bool:
-        try:
-            st = os.stat(self.path)
+        try:  # a publish appends to the log, a fold replaces both files (new inodes)
+            seen = tuple((st.st_mtime_ns, st.st_ino, st.st_size)
+                         for st in (os.stat(os.path.join(self.cache, name)) for name in (MANIFEST, LOG)))
         except FileNotFoundError:
             return False
-        if (st.st_mtime_ns, st.st_ino) == self.seen:
+        if seen == self.seen:
             return False
-        self.seen = (st.st_mtime_ns, st.st_ino)  # replaced by a rename at every publish: a new inode
-        return _cached(os.path.dirname(self.path)) == self.count
+        self.seen = seen
+        return _cached(self.cache) == self.count
 
 
 def _up(port: int) -> bool:

@@ -1,7 +1,14 @@
-"""``manifest.json``: the published shards of a cache directory (DESIGN.md, Cache directory).
+"""``manifest.json`` and ``manifest.log``: the published shards of a cache directory (DESIGN.md, Cache directory).
 
-Replaced atomically (temp file, fsync, rename) with a monotonically increasing
-``generation``; a reader always sees one whole manifest.
+``manifest.json`` is replaced atomically (temp file, fsync, rename) with a monotonically increasing
+``generation``. Between two such replacements each publish or eviction appends one line to ``manifest.log``
+(one ``write``, fsynced): the next generation's change — shards added, ids removed, ``complete``, ``retained``.
+A publish so costs O(1), not a rewrite of every entry (O(C) a publish, O(C^2) to fill a cache of C shards);
+the log is folded into a new ``manifest.json`` once it has as many lines as that file has shards (O(1)
+amortised: a fill folds at 64, 128, 256, ... shards). The log's first line names the generation of the ``manifest.json`` it follows: a reader applies the
+lines after the one it read, in order, and stops at a torn last line (a writer that died mid-line); a log that
+follows a newer ``manifest.json`` than the one it read means a fold happened in between: it reads again. A
+reader always sees one whole generation.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -16,6 +24,8 @@ from ..formats.files import atomic_write
 from ..formats.urls import is_parquet, is_tfrecord, redact
 
 MANIFEST = "manifest.json"
+LOG = "manifest.log"  # the generations since manifest.json's, a line each
+FOLD_AT = 64  # log lines before it is folded into manifest.json, at least (else as many as the cache's shards)
 SHARDS_DIR = "shards"
 # A cached shard's file: ``shards/<id><suffix>``, by its format; published plain (a ``.tar.gz`` as its tar,
 # a ``.tfrecord.gz`` as its records), so workers map it as they map a local file of that format.
@@ -124,14 +134,97 @@ def shard_path(cache_dir: str, shard_id: str, fmt: str = "tar") -> str:
 
 
 def read_manifest(cache_dir: str) -> Manifest:
-    """The current manifest; raises FileNotFoundError or ValueError (corrupt) — never guesses."""
-    with open(os.path.join(cache_dir, MANIFEST)) as f:
-        text = f.read()
-    try:
-        return Manifest.from_json(json.loads(text))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{os.path.join(cache_dir, MANIFEST)} is corrupt: {exc}") from None
+    """The current manifest (``manifest.json`` and the generations its log adds); raises FileNotFoundError or
+    ValueError (corrupt) — never guesses."""
+    path = os.path.join(cache_dir, MANIFEST)
+    for _ in range(8):
+        with open(path) as f:
+            text = f.read()
+        try:
+            doc = json.loads(text)
+            base = int(doc["generation"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path} is corrupt: {exc}") from None
+        try:
+            with open(os.path.join(cache_dir, LOG), "rb") as f:
+                lines = f.read().split(b"\n")[:-1]  # what follows the last newline is a line being written
+        except FileNotFoundError:
+            lines = []
+        try:
+            if lines and int(json.loads(lines[0])["base"]) > base:
+                continue  # folded into a newer manifest.json since it was read: read that one
+            doc = _apply(doc, lines[1:])
+            return Manifest.from_json(doc)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{path} (with {LOG}) is corrupt: {exc}") from None
+    raise ValueError(f"{path} kept changing under its reader (8 tries): is more than one sampler writing it?")
+
+
+def _apply(doc: dict[str, Any], lines: list[bytes]) -> dict[str, Any]:
+    """``doc`` with the log's generations after its own applied in order (a gap ends them)."""
+    generation = int(doc["generation"])
+    shards: dict[str, dict[str, Any]] | None = None
+    for line in lines:
+        change = json.loads(line)
+        g = int(change["g"])
+        if g <= generation:
+            continue
+        if g != generation + 1:
+            break
+        if shards is None:
+            shards = {s["id"]: s for s in doc["shards"]}
+        for i in change.get("del", ()):
+            shards.pop(i, None)
+        for s in change.get("add", ()):
+            shards[s["id"]] = s
+        doc = {**doc, "generation": g, "complete": bool(change.get("complete", False)),
+               "retained": list(change.get("retained", ()))}
+        generation = g
+    if shards is not None:
+        doc["shards"] = list(shards.values())
+    return doc
 
 
 def write_manifest(cache_dir: str, manifest: Manifest) -> None:
+    """``manifest`` as the whole of the cache's published state: a new ``manifest.json``, then a log that
+    follows it (no lines yet)."""
     atomic_write(os.path.join(cache_dir, MANIFEST), json.dumps(manifest.to_json(), separators=(",", ":")))
+    atomic_write(os.path.join(cache_dir, LOG), json.dumps({"base": manifest.generation}) + "\n")
+
+
+class ManifestLog:
+    """The one writer's side: each change a line (O(1)), folded into ``manifest.json`` once the log has as many
+    lines as that file has shards (``FOLD_AT`` at least)."""
+
+    def __init__(self, cache_dir: str):
+        self.cache_dir = cache_dir
+        self.lines = 0
+        self._folded = 0  # shards manifest.json holds: the log is folded once it has as many lines (or FOLD_AT)
+
+    def write(self, generation: int, added: list[ShardEntry], removed: list[str], complete: bool,
+              retained: list[str], whole: Callable[[], Manifest]) -> None:
+        """Generation ``generation`` (one past the last written) as a line of the log, or, once the log has as many
+        lines as ``manifest.json`` has shards (``FOLD_AT`` at least), ``whole()`` folded into it: a fill folds at
+        64, 128, 256, ... shards, so each entry is rewritten twice on average, O(1) a publish."""
+        if self.lines >= max(FOLD_AT, self._folded):
+            self.fold(whole())
+            return
+        line = json.dumps({"g": generation, "add": [asdict(s) for s in added], "del": removed,
+                           "complete": complete, "retained": retained}, separators=(",", ":")).encode() + b"\n"
+        try:
+            fd = os.open(os.path.join(self.cache_dir, LOG), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
+            try:
+                written = os.write(fd, line)  # a regular file on a local filesystem takes it whole
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            written = -1  # no log (removed by hand), or no room: the whole state in one file instead
+        if written != len(line):  # (a torn line is what readers skip; the fold replaces it)
+            self.fold(whole())
+            return
+        self.lines += 1
+
+    def fold(self, manifest: Manifest) -> None:
+        write_manifest(self.cache_dir, manifest)
+        self.lines, self._folded = 0, len(manifest.shards)

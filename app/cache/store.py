@@ -4,7 +4,8 @@ Invariants, kept by one lock in the one writer process (the sampler):
 - a shard appears under ``shards/<id>.tar`` (``.tfrecord``, ``.parquet``: manifest.SUFFIXES) only
   complete: written under ``shards/.partial/``, verified, fsynced, then renamed;
 - its index (``shards/<id>.idx``, ``shards/<id>.tfrecord.idx``) is in place before the shard is;
-- ``manifest.json`` is replaced atomically with a higher generation;
+- each change is a new generation: a line appended to ``manifest.log``, folded into ``manifest.json`` (replaced
+  atomically) once the log is as long as the cache (``manifest.py``): a publish costs O(1), not a rewrite;
 - eviction publishes a manifest without the shard first, then unlinks it — or, while a
   reader's lease names it (``readers.py``), keeps the file where it is, listed as
   ``retained``, until no lease does (``release()``);
@@ -20,8 +21,9 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 from ..formats.files import FILE_MODE, fsync_dir, sweep_temporaries
 from ..formats.shard_index import ShardError, ShardIndex, build_index, index_path, write_index
@@ -29,12 +31,12 @@ from .manifest import (
     SHARDS_DIR,
     SUFFIXES,
     Manifest,
+    ManifestLog,
     ShardEntry,
     is_cache_id,
     read_manifest,
     shard_path,
     split_name,
-    write_manifest,
 )
 from .ownership import CacheDirError, claim_cache_dir
 from .readers import READERS_DIR
@@ -87,7 +89,12 @@ class CacheStore:
         self.shards_dir = os.path.join(self.root, SHARDS_DIR)
         self.partial_dir = os.path.join(self.shards_dir, PARTIAL_DIR)
         self._lock = threading.Lock()
-        self._manifest = Manifest(budget_bytes=budget_bytes)
+        self._shards: dict[str, ShardEntry] = {}  # published, oldest first (evicted from the front)
+        self._total = 0  # their bytes
+        self._generation = 0
+        self._complete = False
+        self._sources_in = 0  # ids of source_ids published
+        self._log = ManifestLog(self.root)
         self._on_evict = on_evict
         self._leased = leased  # ids the readers' epochs read: evicted from the manifest, kept on disk
         self._retained: dict[str, int] = {}  # id -> bytes of the files kept so
@@ -99,23 +106,23 @@ class CacheStore:
     @property
     def entries(self) -> list[ShardEntry]:
         with self._lock:
-            return list(self._manifest.shards)
+            return list(self._shards.values())
 
     @property
     def total_bytes(self) -> int:
         with self._lock:
-            return self._manifest.total_bytes
+            return self._total
 
     @property
     def generation(self) -> int:
         with self._lock:
-            return self._manifest.generation
+            return self._generation
 
     @property
     def complete(self) -> bool:
         """Every shard of the source is published (the manifest's ``complete``)."""
         with self._lock:
-            return self._manifest.complete
+            return self._complete
 
     @property
     def retained_bytes(self) -> int:
@@ -125,18 +132,37 @@ class CacheStore:
 
     def ids(self) -> set[str]:
         with self._lock:
-            return {s.id for s in self._manifest.shards}
+            return set(self._shards)
 
     def partial_path(self, shard_id: str) -> str:
         return os.path.join(self.partial_dir, f"{shard_id}.{os.getpid()}.{threading.get_ident()}")
 
     # -- writing -------------------------------------------------------------------------
 
-    def _write(self, shards: list[ShardEntry]) -> None:
-        complete = bool(self.source_ids) and self.source_ids <= {s.id for s in shards}
-        m = Manifest(self._manifest.generation + 1, self.budget_bytes, shards, complete, sorted(self._retained))
-        write_manifest(self.root, m)
-        self._manifest = m
+    def _write(self, added: Sequence[ShardEntry] = (), removed: Sequence[str] = (), fold: bool = False) -> None:
+        """The next generation: ``added`` published (the newest), ``removed`` gone; one line of the log, or the
+        whole manifest (``fold``, or once the log is long)."""
+        sources = self.source_ids or frozenset()
+        for i in removed:
+            gone = self._shards.pop(i, None)
+            if gone is not None:
+                self._total -= gone.bytes
+                self._sources_in -= i in sources
+        for e in added:
+            self._shards[e.id] = e
+            self._total += e.bytes
+            self._sources_in += e.id in sources
+        self._generation += 1
+        self._complete = bool(sources) and self._sources_in == len(sources)
+        retained = sorted(self._retained)
+        if fold:
+            self._log.fold(self._whole())
+        else:
+            self._log.write(self._generation, list(added), list(removed), self._complete, retained, self._whole)
+
+    def _whole(self) -> Manifest:
+        return Manifest(self._generation, self.budget_bytes, list(self._shards.values()), self._complete,
+                        sorted(self._retained))
 
     def _leases(self) -> set[str]:
         """Ids the readers' leases name now (files read: once per eviction or publish)."""
@@ -145,12 +171,11 @@ class CacheStore:
     def _evict_locked(self, victims: list[ShardEntry], leased: set[str] | None = None) -> None:
         if not victims:
             return
-        gone = {v.id for v in victims}
         leased = self._leases() if leased is None else leased
         for v in victims:
             if v.id in leased:
                 self._retained[v.id] = v.bytes
-        self._write([s for s in self._manifest.shards if s.id not in gone])
+        self._write(removed=[v.id for v in victims])
         for v in victims:  # readers that opened it keep reading (POSIX unlink)
             if v.id in leased:
                 log.info("evicted %s (%d bytes, added %.0f s ago); its file stays while a reader's epoch reads it",
@@ -183,20 +208,20 @@ class CacheStore:
             for i in done:  # the files first: a file on disk is always in the manifest, as published or retained
                 self._unlink(i)
                 del self._retained[i]
-            self._write(self._manifest.shards)
+            self._write()
         log.info("removed %d evicted shard(s) no reader's epoch reads any more: %s", len(done), ", ".join(done[:5]))
         return done
 
     def evict(self, ids: set[str]) -> list[ShardEntry]:
         """Evict these shards now (a shard the source now has in another format: fetched anew)."""
         with self._lock:
-            victims = [s for s in self._manifest.shards if s.id in ids]
+            victims = [s for s in self._shards.values() if s.id in ids]
             self._evict_locked(victims)
             return victims
 
     def evict_oldest(self, count: int) -> list[ShardEntry]:
         with self._lock:
-            victims = sorted(self._manifest.shards, key=lambda s: s.added_at)[:count]
+            victims = list(islice(self._shards.values(), count))  # oldest first
             self._evict_locked(victims)
             return victims
 
@@ -204,11 +229,10 @@ class CacheStore:
         """The oldest shards whose eviction makes room for ``size`` bytes, and the leases (read only when there
         are victims); None while that would retain more than ``retain_bytes`` for readers' leases (one shard is
         always retained when nothing is: progress)."""
-        by_age = sorted(self._manifest.shards, key=lambda s: s.added_at)
         victims: list[ShardEntry] = []
-        total = self._manifest.total_bytes
-        while total + size > self.budget_bytes and by_age:
-            v = by_age.pop(0)
+        total = self._total
+        by_age = iter(self._shards.values())  # oldest first: only the victims are looked at
+        while total + size > self.budget_bytes and (v := next(by_age, None)) is not None:
             victims.append(v)
             total -= v.bytes
         if not victims:
@@ -226,9 +250,9 @@ class CacheStore:
                      sha256: str, fmt: str) -> ShardEntry | None:
         """Make room and publish, under the lock; None when the room would retain too much (``_victims``)."""
         with self._lock:
-            if any(s.id == shard_id for s in self._manifest.shards):
+            if shard_id in self._shards:
                 os.unlink(partial)
-                return next(s for s in self._manifest.shards if s.id == shard_id)
+                return self._shards[shard_id]
             room = self._victims(size)
             if room is None:
                 return None
@@ -239,7 +263,7 @@ class CacheStore:
             os.replace(partial, final)
             fsync_dir(self.shards_dir)
             entry = ShardEntry(shard_id, size, len(index.samples), time.time(), source, sha256, fmt)
-            self._write(self._manifest.shards + [entry])
+            self._write(added=[entry])
             return entry
 
     def publish(self, shard_id: str, partial: str, source: str = "", sha256: str = "", fmt: str = "tar",
@@ -274,7 +298,7 @@ class CacheStore:
             time.sleep(RETAIN_POLL)
             waited += RETAIN_POLL
         log.info("published %s (%d bytes, %d samples); cache %d / %d bytes in %d shards", shard_id, size,
-                 entry.samples, self.total_bytes, self.budget_bytes, len(self.entries))
+                 entry.samples, self.total_bytes, self.budget_bytes, len(self._shards))
         return entry
 
     # -- start-up ----------------------------------------------------------------------------
@@ -354,11 +378,12 @@ class CacheStore:
             for p in glob.glob(os.path.join(self.shards_dir, "*.idx")):
                 if p not in indexes:
                     os.unlink(p)
-            self._manifest = Manifest(old.generation, self.budget_bytes, sorted(kept, key=lambda s: s.added_at))
-            self._write(self._manifest.shards)
-            if self._manifest.total_bytes > self.budget_bytes:
-                by_age = sorted(self._manifest.shards, key=lambda s: s.added_at)
-                victims, total = [], self._manifest.total_bytes
+            self._shards, self._total, self._sources_in = {}, 0, 0
+            self._generation = old.generation
+            self._write(added=sorted(kept, key=lambda s: s.added_at), fold=True)  # the whole of it, a fresh log
+            if self._total > self.budget_bytes:
+                by_age = list(self._shards.values())
+                victims, total = [], self._total
                 while total > self.budget_bytes:
                     v = by_age.pop(0)
                     victims.append(v)

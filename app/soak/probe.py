@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
-from ..cache.manifest import SUFFIXES
+from ..cache.manifest import SUFFIXES, read_manifest
 
 
 @dataclass(frozen=True)
@@ -79,9 +78,8 @@ def tree_bytes(path: str) -> int:
 def retained(path: str) -> set[str]:
     """File names of the evicted shards the cache keeps for a reader's epoch (its manifest's ``retained``)."""
     try:
-        with open(os.path.join(path, "manifest.json")) as f:
-            ids = json.load(f).get("retained", [])
-    except (OSError, ValueError, AttributeError):
+        ids = read_manifest(path).retained
+    except (OSError, ValueError):
         return set()
     return {i + suffix for i in ids for suffix in SUFFIXES.values()}
 

@@ -126,7 +126,7 @@ def fill(C: int, folder: str) -> dict[str, Any]:
             times.append(time.perf_counter() - t)
         total = time.perf_counter() - t0
         tail = times[-max(1, C // 10):]
-        manifest = os.path.getsize(os.path.join(root, "manifest.json"))
+        manifest = sum(os.path.getsize(os.path.join(root, name)) for name in ("manifest.json", "manifest.log"))
         return {"seconds": total, "last_publish_ms": 1e3 * sum(tail) / len(tail), "manifest_bytes": manifest}
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -93,10 +93,12 @@ def markdown(d: dict[str, Any]) -> str:
     lines += ["## 4. Shard indexes", "", "A shard of S samples (two members each) indexed from its tar headers:", ""]
     lines += _table(d["index"], [("samples", "S"), ("bytes a sample", "bytes_per_sample")])
     lines += ["## 5. The sidecar filling its cache", "",
-              f"C tiny shards published one by one (slope over C: {slope(d['fill'], 'C', 'seconds') or 0:.2f}):", ""]
+              f"C tiny shards published one by one (slope over C: {slope(d['fill'], 'C', 'seconds') or 0:.2f}); a publish "
+              f"appends one line to manifest.log, folded into manifest.json when the log has as many lines as it has "
+              f"shards (at 64, 128, 256, ...):", ""]
     lines += _table(d["fill"], [("C", "C"), ("seconds in all", "seconds"), ("a publish at the end (ms)",
                                                                            "last_publish_ms"),
-                                ("manifest bytes", "manifest_bytes")])
+                                ("manifest.json + manifest.log bytes", "manifest_bytes")])
     ro = d["ranks_over_shards"]
     lines += ["## 6. More ranks than shards", "",
               f"A loader of rank {ro['R'] - 1} of {ro['R']} over a cache of {ro['S']} tiny shards (`wait_timeout` 2 s):",
