@@ -106,6 +106,9 @@ def test_past_the_local_places_growth_goes_onto_the_cluster_capped_by_its_places
     assert d.workers == 6 and "places 3..5 on the Ray cluster" in d.reason
     # the most reached: no cluster place left
     assert tuner.decide(10, 10, _window(), local=4).final
+    # local places still free but no CPU idle here: the cluster's places come only after them, so no growth
+    d = tuner.decide(4, 40, _window(wait=3.0, step=1.0, idle=0.0), local=8)
+    assert (d.workers, d.final) == (4, True) and "CPUs are busy" in d.reason
 
 
 def test_auto_with_a_cluster_starts_with_half_the_local_places_and_grows_onto_the_clusters(monkeypatch):

@@ -1,5 +1,6 @@
 """The cache directory: sources, plans, publish, eviction, recovery, fetching over real HTTP."""
 
+import errno
 import hashlib
 import json
 import os
@@ -181,6 +182,55 @@ def test_the_log_is_folded_into_manifest_json_once_it_is_as_long_as_the_cache_an
         newest = ks[-1] if ks else newest
     final = read_manifest(store.root)
     assert [s.id for s in final.shards] == [f"f-{k:03d}" for k in range(50, 200)]
+
+
+def _failing_log_writes(monkeypatch, half=True):
+    """os.write to manifest.log writes half its line (or nothing), then fails as a full disk does."""
+    real = os.write
+
+    def write(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("manifest.log"):
+            if half:
+                real(fd, bytes(data)[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+
+
+def test_a_line_the_log_could_not_take_whole_is_taken_back_and_the_change_folded_instead(tmp_path, data,
+                                                                                       monkeypatch):
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=1 << 30)
+    store.recover()
+    _publish_as(store, data, "a")
+    _failing_log_writes(monkeypatch)
+    _publish_as(store, data, "b")  # its line torn: taken back, and the manifest folded with it
+    monkeypatch.undo()
+    _publish_as(store, data, "c")
+    m = read_manifest(store.root)
+    assert [s.id for s in m.shards] == ["a", "b", "c"] and m.generation == store.generation
+    with open(os.path.join(store.root, LOG), "rb") as f:
+        assert f.read().count(b"\n") == 2  # the fold's header and c's line: no torn bytes between
+
+
+def test_a_change_that_cannot_be_written_at_all_changes_nothing_and_a_retry_publishes_it(tmp_path, data,
+                                                                                       monkeypatch):
+    from feedline.cache import manifest
+
+    store = CacheStore(str(tmp_path / "cache"), budget_bytes=1 << 30)
+    store.recover()
+    _publish_as(store, data, "a")
+    gen = store.generation
+    _failing_log_writes(monkeypatch)
+    monkeypatch.setattr(manifest, "atomic_write", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    with pytest.raises(OSError):
+        _publish_as(store, data, "b")
+    assert store.generation == gen and [e.id for e in store.entries] == ["a"]
+    monkeypatch.undo()
+    assert read_manifest(store.root).generation == gen  # what readers see: the generation before, whole
+    _publish_as(store, data, "b")  # the sidecar tries again: published, not taken for already there
+    m = read_manifest(store.root)
+    assert [s.id for s in m.shards] == ["a", "b"] and m.generation == gen + 1
 
 
 def test_budget_is_kept_by_evicting_the_oldest_first(tmp_path, data):

@@ -154,6 +154,20 @@ def _large(server, key):
     return data
 
 
+def test_a_listing_is_bounded_by_max_index_bytes_in_all_its_pages(in_process):
+    """1,500 objects (two pages of 1,000) under a prefix: listed whole within the bound, refused past it."""
+    from feedline.sampler.stores import ENTRY_COST, StoreError
+
+    store, server, url = in_process
+    for k in range(1500):
+        server.put(f"many/o-{k:05d}.tar", b"x")
+    assert len(store.list(url("many/"))) == 1500
+    store.max_list_bytes = 1000 * (len("many/o-00000.tar") + ENTRY_COST)  # two thirds of them
+    with pytest.raises(StoreError, match="past max_index_bytes=.* after 1001 objects") as got:
+        store.list(url("many/"))
+    assert got.value.reason == "too_large" and not got.value.retry
+
+
 def test_a_large_object_arrives_whole_through_parallel_ranges(in_process, tmp_path):
     store, server, url = in_process
     data, writers, seen = _large(server, "large/big.tar"), set(), threading.Condition()

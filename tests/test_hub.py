@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from fake_hub import OTHER_TOKEN, TOKEN, FakeHub
@@ -175,6 +176,19 @@ def test_a_listing_longer_than_a_page_follows_the_link_header_to_the_end(shard_f
         assert sorted(parse_hf_url(o.url)[2] for o in found) == sorted(files)
         pages = hub.seen("hub", "/tree/")
         assert len(pages) >= len(files) // 4 and any("cursor=" in r["path"] for r in pages)
+
+
+def test_a_listing_past_max_index_bytes_is_refused_naming_the_bound(shard_files):
+    from feedline.sampler.stores import StoreError
+
+    with FakeHub(page_size=4) as hub:
+        hub.dataset(REPO, {f"data/part-{k:03d}.tar": b"x" for k in range(30)})
+        store = make_store(hub)
+        assert len(store.list(f"hf://datasets/{REPO}/data/")) == 30
+        store.context = replace(store.context, max_list_bytes=4096)  # 14 entries of ~290 bytes
+        with pytest.raises(StoreError, match="past max_index_bytes=4096 bytes after") as got:
+            store.list(f"hf://datasets/{REPO}/data/")
+        assert got.value.reason == "too_large"
 
 
 def test_a_revision_with_a_slash_is_encoded_whole_in_every_request(hub, shard_files, tmp_path):

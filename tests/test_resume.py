@@ -133,6 +133,24 @@ def test_a_state_over_other_shards_is_refused(shards, tmp_path):
             loader.load_state_dict(state)
 
 
+def test_an_elastic_resume_over_a_folder_that_gained_a_shard_goes_on_with_the_epoch_it_saved(tmp_path):
+    """A state over a short list keeps its names: the new shard waits for the next epoch, every sample of the
+    saved epoch comes once."""
+    folder = tmp_path / "grown"
+    id_shards(str(folder), shards=4, per_shard=10)
+    with StagingLoader(str(folder), batch_size=4, workers=2, spec=SPEC, seed=5) as loader:
+        it = iter(loader)
+        head = [int(i) for _ in range(3) for i in next(it)["cls"]]
+        state = json.loads(json.dumps(loader.state_dict()))
+    assert len(state["plan"]["shards"]) == 4
+    id_shards(str(tmp_path / "more"), shards=5, per_shard=10)
+    os.rename(tmp_path / "more" / "ids-0004.tar", folder / "ids-0004.tar")
+    with StagingLoader(str(folder), batch_size=4, workers=2, spec=SPEC, seed=5) as loader:
+        loader.load_state_dict(state, elastic=True)
+        rest = [int(i) for b in loader for i in b["cls"]]
+    assert sorted(head + rest) == list(range(40))
+
+
 def test_something_else_than_a_state_is_refused(shards):
     with StagingLoader(shards, batch_size=8, workers=2, spec=SPEC) as loader:
         with pytest.raises(SettingError, match="not a feedline loader state"):

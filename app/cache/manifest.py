@@ -165,8 +165,11 @@ def _apply(doc: dict[str, Any], lines: list[bytes]) -> dict[str, Any]:
     generation = int(doc["generation"])
     shards: dict[str, dict[str, Any]] | None = None
     for line in lines:
-        change = json.loads(line)
-        g = int(change["g"])
+        try:
+            change = json.loads(line)
+            g = int(change["g"])
+        except (ValueError, KeyError, TypeError):
+            break  # a line its writer could not finish nor take back: the generations end before it
         if g <= generation:
             continue
         if g != generation + 1:
@@ -200,31 +203,43 @@ class ManifestLog:
         self.cache_dir = cache_dir
         self.lines = 0
         self._folded = 0  # shards manifest.json holds: the log is folded once it has as many lines (or FOLD_AT)
+        self._torn = False  # a line could not be taken back: the next write folds
 
     def write(self, generation: int, added: list[ShardEntry], removed: list[str], complete: bool,
               retained: list[str], whole: Callable[[], Manifest]) -> None:
         """Generation ``generation`` (one past the last written) as a line of the log, or, once the log has as many
         lines as ``manifest.json`` has shards (``FOLD_AT`` at least), ``whole()`` folded into it: a fill folds at
-        64, 128, 256, ... shards, so each entry is rewritten twice on average, O(1) a publish."""
-        if self.lines >= max(FOLD_AT, self._folded):
+        64, 128, 256, ... shards, so each entry is rewritten twice on average, O(1) a publish. A line that cannot
+        be written whole is taken back (or, failing that, the log is folded before any other line follows it);
+        raises OSError when neither the line nor a fold could be written (nothing of this generation is then
+        published)."""
+        if self._torn or self.lines >= max(FOLD_AT, self._folded):
             self.fold(whole())
             return
         line = json.dumps({"g": generation, "add": [asdict(s) for s in added], "del": removed,
                            "complete": complete, "retained": retained}, separators=(",", ":")).encode() + b"\n"
         try:
             fd = os.open(os.path.join(self.cache_dir, LOG), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
-            try:
-                written = os.write(fd, line)  # a regular file on a local filesystem takes it whole
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError:
-            written = -1  # no log (removed by hand), or no room: the whole state in one file instead
-        if written != len(line):  # (a torn line is what readers skip; the fold replaces it)
+        except OSError:  # no log (removed by hand): the whole state in one file instead
             self.fold(whole())
             return
-        self.lines += 1
+        try:
+            end = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                if os.write(fd, line) == len(line):  # a regular file on a local filesystem takes it whole
+                    os.fsync(fd)
+                    self.lines += 1
+                    return
+            except OSError:  # no room (ENOSPC), or the fsync failed
+                pass
+            try:
+                os.ftruncate(fd, end)  # the line taken back: no later line is ever glued to a torn one
+            except OSError:
+                self._torn = True
+        finally:
+            os.close(fd)
+        self.fold(whole())
 
     def fold(self, manifest: Manifest) -> None:
         write_manifest(self.cache_dir, manifest)
-        self.lines, self._folded = 0, len(manifest.shards)
+        self.lines, self._folded, self._torn = 0, len(manifest.shards), False

@@ -141,28 +141,30 @@ class CacheStore:
 
     def _write(self, added: Sequence[ShardEntry] = (), removed: Sequence[str] = (), fold: bool = False) -> None:
         """The next generation: ``added`` published (the newest), ``removed`` gone; one line of the log, or the
-        whole manifest (``fold``, or once the log is long)."""
+        whole manifest (``fold``, or once the log is long). Written first, then taken into this store's memory:
+        a write that fails (no room) changes neither."""
         sources = self.source_ids or frozenset()
-        for i in removed:
-            gone = self._shards.pop(i, None)
-            if gone is not None:
-                self._total -= gone.bytes
-                self._sources_in -= i in sources
+        gone = [self._shards[i] for i in removed if i in self._shards]
+        out = {e.id for e in gone}
+        count = self._sources_in - sum(e.id in sources for e in gone) + sum(e.id in sources for e in added)
+        generation, complete, retained = self._generation + 1, bool(sources) and count == len(sources), \
+            sorted(self._retained)
+
+        def whole() -> Manifest:
+            return Manifest(generation, self.budget_bytes, [e for e in self._shards.values() if e.id not in out]
+                            + list(added), complete, retained)
+
+        if fold:
+            self._log.fold(whole())
+        else:
+            self._log.write(generation, list(added), [e.id for e in gone], complete, retained, whole)
+        for e in gone:
+            del self._shards[e.id]
+            self._total -= e.bytes
         for e in added:
             self._shards[e.id] = e
             self._total += e.bytes
-            self._sources_in += e.id in sources
-        self._generation += 1
-        self._complete = bool(sources) and self._sources_in == len(sources)
-        retained = sorted(self._retained)
-        if fold:
-            self._log.fold(self._whole())
-        else:
-            self._log.write(self._generation, list(added), list(removed), self._complete, retained, self._whole)
-
-    def _whole(self) -> Manifest:
-        return Manifest(self._generation, self.budget_bytes, list(self._shards.values()), self._complete,
-                        sorted(self._retained))
+        self._sources_in, self._generation, self._complete = count, generation, complete
 
     def _leases(self) -> set[str]:
         """Ids the readers' leases name now (files read: once per eviction or publish)."""

@@ -25,9 +25,9 @@ from .sample_index import (  # noqa: F401 (Sample: the loader imports it from he
 
 INDEX_SUFFIX = ".idx"
 # A worker opens each of its shards again every epoch: the indexes it read or built are kept, up to this many samples
-# in all (some 450 bytes each), for the file they were made from: same device, inode, size, modification and change
-# times.
-MEMO_SAMPLES = 1 << 16
+# in all (some 55 bytes each as arrays: ~29 MiB, what 65,536 samples of Python objects took), for the file they were
+# made from: same device, inode, size, modification and change times.
+MEMO_SAMPLES = 1 << 19
 
 # webdataset's rules (tariterators.base_plus_ext, tar_file_iterator), to the letter: the key is the
 # path up to the first dot of the last component; the rest (possibly with more dots, "seg.png") is the
@@ -195,7 +195,10 @@ def load_index(path: str, fd: int | None = None) -> ShardIndex:
         except OSError:
             return _load_index(path, None)  # the error names the shard
     try:
-        st = os.fstat(fd)
+        try:
+            st = os.fstat(fd)
+        except OSError as exc:  # (a descriptor a worker opened ahead, gone bad): the shard is named, as for an open
+            raise ShardError(path, f"cannot read it: {exc.strerror or exc}") from None
         key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         index = _MEMO.get(key)
         if index is None:

@@ -53,7 +53,7 @@ from .plan.resume import (RANKS_FORMAT, Cursor, Resume, differing, make_state, o
                           shared_lists)
 from .plan.sources import MixedSource, PathSource, ShardSource
 from .ring.batch_ring import BatchRing, RingHandle, RingLayout, check_ring_memory
-from .remote.cluster import remote_capacity, remote_setup
+from .remote.cluster import check_cluster, refuse_parquet, remote_capacity, remote_setup
 from .remote.settings import RemoteDecode
 from .ring.kept import KeptBatches
 from .settings import DEFAULT_MAX_MEMBER_BYTES, STANDIN, DeviceDecode, LoaderSettings, unknown_argument
@@ -67,6 +67,8 @@ from .workers.probe import probe_spec, resolve_side_bytes
 from .workers.worker import WorkerCode, WorkerSetup
 
 log = logging.getLogger("feedline.loader")
+
+NAMES_KEPT = 4096  # a single rank's state keeps the names of a shard list this long, beyond it their digest
 
 
 def _one_source(source: Source, decompress_dir: str | None, member_bound: int | None = None) -> ShardSource:
@@ -199,11 +201,16 @@ class StagingLoader:
                                           self.device.index if self.device.type == "cuda" else None)
         threads_per_worker = int(getattr(transform, "threads_per_worker", 1))
         placed = len(self.placement.worker_cpus) if self.placement.placed else None
-        remote_most = 0
-        if s.remote is not None and self.auto_workers:  # the cluster's share, grown into after the local CPUs
-            here = choose("cuda" if on_device else "cpu", device_decode=s.device_decode is not None,
-                          threads_per_worker=threads_per_worker, placed_cpus=placed).most
-            remote_most = remote_capacity(s.remote, here)
+        remote_most, grows_onto = 0, False  # workers="auto" with remote=: the cluster's places, after the local ones
+        if s.remote is not None and self.auto_workers:
+            refuse_parquet(first)
+            checked = check_cluster(s.remote)  # refused (naming the address), or fallen back from: None
+            if checked is None:
+                s = s.replace(remote=None)
+            else:
+                here = choose("cuda" if on_device else "cpu", device_decode=s.device_decode is not None,
+                              threads_per_worker=threads_per_worker, placed_cpus=placed).most
+                remote_most, grows_onto = remote_capacity(checked, here), True
         s, most, local = s.resolve_auto("cuda" if on_device else "cpu", threads_per_worker, placed, remote_most)
         self.settings, self.most_workers = s, most
         meter = CpuMeter(cpus=set(self.placement.worker_cpus)) if self.placement.placed else None  # workers' idle
@@ -239,7 +246,7 @@ class StagingLoader:
                 p.gpu.pin(p.ring.memory)
             remote_json, remote_places = remote_setup(  # refused, or fallen back from, before a worker starts
                 s.remote, most, len(self.placement.worker_cpus) if self.placement.placed
-                else len(os.sched_getaffinity(0)), first, tuple(range(local, most)) if remote_most else None)
+                else len(os.sched_getaffinity(0)), first, tuple(range(local, most)) if grows_onto else None)
             setup = WorkerSetup(RingHandle.of(p.ring), s.shuffle_buffer if s.shuffle else 0, s.drop_last,
                                 logging.getLogger("feedline").getEffectiveLevel(), s.block, remote_json, remote_places)
             stats, slots = self._stats, s.slots
@@ -394,8 +401,9 @@ class StagingLoader:
         return self.placement.worker(k) or ProcessPins.unpinned()
 
     def _regrow(self, workers: int) -> None:
-        """The rest of this epoch over ``workers`` workers (``auto.py``), replanned as an elastic resume replans."""
-        state = self._own_state()
+        """The rest of this epoch over ``workers`` workers (``auto.py``), replanned as an elastic resume replans
+        (over the plan's own shard names: a folder listed again may have changed since)."""
+        state = self._own_state(names=True)
         self.settings = self.settings.replace(workers=workers)
         if self._cursor is None or self._cursor.finished or state["plan"] is None:
             return
@@ -482,22 +490,25 @@ class StagingLoader:
         resumes every rank: a collective, called on every rank as Lightning and Accelerate do.
         """
         coordinator = self._pipeline.coordinator
-        keep = self._keeps_list()
-        if coordinator is None:
-            return self._own_state(keep)
-        ranks = coordinator.gather(self._own_state(with_shards=False))  # every rank calls it: a rank's is kilobytes
         plan = self._resume.plan if self._resume is not None else self.plan
-        lists = shared_lists(ranks, {plan.digest: plan.shards} if keep and plan is not None else {})
-        if keep and any(st["plan"] is not None and st["plan"].get("shards_digest") not in lists for st in ranks):
-            ranks = coordinator.gather(self._own_state(with_shards=True))  # ranks that split other lists: each its own
+        if coordinator is None:
+            return self._own_state(self._keeps_names(plan))
+        ranks = coordinator.gather(self._own_state(names=False))  # every rank calls it: a rank's is kilobytes
+        digests = {st["plan"].get("shards_digest") for st in ranks if st["plan"] is not None}
+        if len(digests) > 1:  # ranks that split other lists (a cache read at different times): each its own names
+            return {"format": RANKS_FORMAT, "ranks": coordinator.gather(self._own_state(names=True))}
+        lists = shared_lists(ranks, {plan.digest: plan.shards} if plan is not None else {})
         return {"format": RANKS_FORMAT, "ranks": ranks, **({"shards": lists} if lists else {})}
 
-    def _keeps_list(self) -> bool:
-        """A state keeps the shard names where the source cannot list them again at load (a growing cache, a
-        mixture's draw); elsewhere their digest, checked against the list the loader is given."""
-        return bool(self.source.growing or self.mixture is not None)
+    def _keeps_names(self, plan: EpochPlan | None) -> bool:
+        """A single rank's state keeps the shard names where the source cannot list them again at load (a growing
+        cache, a mixture's draw) and for lists of at most ``NAMES_KEPT`` shards (an elastic resume can then go on
+        over a folder that changed); above that, their digest, checked against the list the loader is given.
+        (Gathered under torch.distributed, the names are kept once for every rank, whatever the source.)"""
+        return bool(self.source.growing or self.mixture is not None
+                    or (plan is not None and len(plan.shards) <= NAMES_KEPT))
 
-    def _own_state(self, with_shards: bool = True) -> dict[str, Any]:
+    def _own_state(self, names: bool = True) -> dict[str, Any]:
         c = self._cursor
         if c is not None and self.plan is not None and not c.finished:
             if c.expected is None:  # the epoch's batch count, from the shard indexes, once, when first asked
@@ -508,10 +519,8 @@ class StagingLoader:
         if self._resume is not None:  # loaded, not yet iterated: the start of the resumed epoch
             r = self._resume
             cursor = Cursor.start(self.settings.workers, r.first, r.delivered)
-            return make_state(r.plan, cursor, r.plan.epoch, self._state_settings(), self._counts,
-                              with_shards and self._keeps_list())
-        return make_state(self.plan, self._cursor, self._epochs.next, self._state_settings(), self._counts,
-                          with_shards and self._keeps_list())
+            return make_state(r.plan, cursor, r.plan.epoch, self._state_settings(), self._counts, names)
+        return make_state(self.plan, self._cursor, self._epochs.next, self._state_settings(), self._counts, names)
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], elastic: bool = False) -> None:
         """Go on from a saved state at the next ``iter()``.
@@ -519,7 +528,9 @@ class StagingLoader:
         The state must come from a loader with the same seed, batch size, drop_last, shuffle settings,
         worker count and rank/world size, over the same shards — or pass ``elastic=True`` (and, when the
         world size changed, the states of all the interrupted run's ranks, as a list): then every sample
-        the interrupted epoch had not delivered is delivered exactly once, in another order.
+        the interrupted epoch had not delivered is delivered exactly once, in another order. Over shards that
+        changed since, elastic goes on with what is left where the state kept the shard names (``_keeps_names``);
+        a state that kept only their digest is refused.
         """
         state, elastic = own_state(state, self.rank, elastic)
         if self.auto_workers:  # auto takes the saved run's worker count (it had tuned it): the resume is exact

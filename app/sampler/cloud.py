@@ -33,10 +33,10 @@ from datetime import timedelta
 from typing import Any
 
 from ..formats.files import create_new
-from ..formats.urls import redact_text
+from ..formats.urls import redact, redact_text
 from .cloudenv import AZURE_VARIABLES, GCS_VARIABLES, Client, Location, make_client, parse, unset_empty_variables
 from .ranged import CHUNK, in_parallel, stream_into
-from .stores import StoreContext, StoreError, StoreObject
+from .stores import MAX_LIST_BYTES, ListingBound, StoreContext, StoreError, StoreObject
 
 log = logging.getLogger("feedline.sampler")
 
@@ -47,13 +47,15 @@ _OURS = __name__.split(".")[0] + "."  # exceptions raised by feedline itself (a 
 class CloudStore:
     """GCS and Azure Blob Storage for a fetcher: list, size, text, download and presigned (``stores.Store``)."""
 
-    def __init__(self, timeout: float = 30.0, retries: int = 3, threads: int = 4):
+    def __init__(self, timeout: float = 30.0, retries: int = 3, threads: int = 4,
+                 max_list_bytes: int = MAX_LIST_BYTES):
         try:
             import obstore  # noqa: F401
         except ImportError:
             raise StoreError("denied", "gs:// and az:// sources need obstore (pip install obstore; the image has "
                                        "it)", retry=False) from None
         self.threads = max(1, threads)
+        self.max_list_bytes = max_list_bytes  # a listing's objects, in all (stores.ListingBound)
         # object_store's timeout bounds a whole request; a request moves at most PART bytes (a part, or an object
         # no larger), so this is a floor of PART / (4 x timeout) bytes/s, 0.14 MB/s at 30 s.
         self._client_options = {"connect_timeout": timedelta(seconds=min(timeout, 10.0)),
@@ -162,9 +164,11 @@ class CloudStore:
             # object_store lists by whole path segments: list the folder, keep what starts with the prefix
             folder = loc.key.rsplit("/", 1)[0] if "/" in loc.key else ""
             out = []
+            bound = ListingBound(f"listing {redact(url)}", self.max_list_bytes)  # paged, and bounded in all
             for page in obstore.list(store, prefix=folder or None, chunk_size=1000):
                 for meta in page:
                     path = meta["path"]
+                    bound.take(path)
                     if path.startswith(loc.key) and not path.endswith("/"):
                         out.append(StoreObject(loc.head + path, int(meta["size"])))
             return out
@@ -283,4 +287,5 @@ def _status(text: str) -> int | None:
 
 def open_store(context: StoreContext, scheme: str | None = None) -> CloudStore:
     """The store for every gs://, gcs://, az:// and abfs:// URL of a fetcher (``stores.Stores``)."""
-    return CloudStore(timeout=context.timeout, retries=context.retries, threads=context.threads)
+    return CloudStore(timeout=context.timeout, retries=context.retries, threads=context.threads,
+                      max_list_bytes=context.max_list_bytes)

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..formats.urls import redact, redact_text
 from .errors import FetchError
-from .stores import StoreContext, StoreError, StoreObject
+from .stores import ListingBound, StoreContext, StoreError, StoreObject
 
 log = logging.getLogger("feedline.sampler")
 
@@ -238,9 +238,11 @@ class HubStore:
 
         what = redact(url)
         found = []
+        bound = ListingBound(f"listing {what}", self.context.max_list_bytes)  # the Link header's pages, bounded
         try:
             for entry in self.api.list_repo_tree(p.repo_id, folder or None, recursive=True, revision=sha,
                                                  repo_type="dataset"):
+                bound.take(entry.path)
                 if not isinstance(entry, RepoFile) or not entry.path.startswith(p.path):
                     continue
                 if entry.path.startswith("/") or any(part in ("", ".", "..") for part in entry.path.split("/")):
@@ -248,6 +250,8 @@ class HubStore:
                     continue
                 size = entry.lfs.size if entry.lfs is not None else entry.size
                 found.append(StoreObject(HubPath(p.repo_id, sha, entry.path).url(), int(size)))
+        except StoreError:
+            raise
         except Exception as exc:
             response = getattr(exc, "response", None)
             if response is not None and response.status_code == 404 and \

@@ -32,6 +32,27 @@ class StoreError(Exception):
 
 
 MAX_LIST_BYTES = 256 << 20  # a listing's default bound: http.MAX_INDEX_BYTES, the sidecar's max_index_bytes
+ENTRY_COST = 256  # bytes an object of a listing counts as, beside its path: about what an S3 page spends on one
+
+
+class ListingBound:
+    """What a listing may still take, for stores whose clients page for themselves (GCS and Azure through
+    obstore, the Hub through huggingface_hub): each object counts its path and ``ENTRY_COST`` against
+    ``max_list_bytes`` (the sidecar's ``max_index_bytes``: about a million objects by default), so a prefix of
+    more objects than a sidecar should hold in memory is refused, as S3's pages are (``s3.py``)."""
+
+    def __init__(self, what: str, limit: int):
+        self.what, self.limit, self.left, self.count = what, limit, limit, 0
+
+    def take(self, path: str) -> None:
+        self.left -= len(path) + ENTRY_COST
+        self.count += 1
+        if self.left < 0:
+            raise StoreError("too_large", f"{self.what}: past max_index_bytes={self.limit} bytes after {self.count} "
+                                          f"objects (each counted as its path and {ENTRY_COST} bytes): list a narrower "
+                                          f"prefix, give an index file, or raise max_index_bytes (--max-index-bytes / "
+                                          f"FEEDLINE_MAX_INDEX_BYTES) if the store really holds that many shards",
+                             retry=False)
 
 
 @dataclass(frozen=True)

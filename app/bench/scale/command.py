@@ -93,11 +93,11 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
     add("1", "state a rank after an elastic resume <= 16 KB at N = 1e9",
         (f"{resumed / 2**30:,.1f} GiB" if resumed >= 2**30 else f"{resumed / 1024:,.0f} KB") + " (curve extended)"
         if resumed else "not measured", resumed is not None and resumed <= 16 * 1024)
-    shared = big.get("list_bytes", 0) * (S / big["S"])  # a growing cache's names, once a checkpoint
+    shared = big.get("list_bytes", 0) * (S / big["S"])  # the shard names, once a checkpoint
     gathered = per_rank * R + shared
     add("1", f"a checkpoint's gather at R = {R} <= 64 MB",
         (f"{gathered / 2**20:,.1f} MiB" if gathered < 2**30 else f"{gathered / 2**30:,.1f} GiB")
-        + f" (a rank's state x R, and a growing cache's shard list once: {shared / 2**20:,.1f} MiB)",
+        + f" (a rank's state x R, and the shard names once: {shared / 2**20:,.1f} MiB)",
         gathered <= 64 << 20)
     add("1", "a rank's state built in < 2 s", f"{big['seconds'] * 1e3:.0f} ms at S = {big['S']:.0e}",
         big["seconds"] < 2)

@@ -4,7 +4,7 @@
 Each runs the real planning, resume, index and cache code on made-up inputs (``made_up.py``):
 - ``state``: one rank's ``state_dict`` (the loader's ``make_state``) mid-epoch, over S shards whose sample
   counts a cache's manifest gave, optionally after an elastic resume (the plan's skip lists): its part of a
-  checkpoint's gather, and the shard list a growing cache's checkpoint keeps once;
+  checkpoint's gather, and the shard names a checkpoint keeps once;
 - ``epoch_start``: one rank's epoch start over a folder of S real tiny shards (the source's listing, the plan, the
   batch count the loader asks for), its metadata calls counted;
 - ``index``: a shard index's memory a sample (``load_index`` of a real tar of S samples);
@@ -44,8 +44,8 @@ def _rss_mib() -> float:
 
 
 def _state(plan: EpochPlan, counts: dict[str, int], delivered: int, workers: int = W) -> dict[str, Any]:
-    """A rank's state taken mid-epoch, as a checkpoint's gather holds it (the shard list by its digest: a growing
-    cache's names are kept once for all ranks): each worker ``delivered`` samples into its stream."""
+    """A rank's state taken mid-epoch, as a checkpoint's gather holds it (the shard list by its digest: the names
+    are kept once for all ranks): each worker ``delivered`` samples into its stream."""
     per = max(1, delivered // workers)
     cursor = Cursor.start(workers, [per // BATCH] * workers, [per] * workers)
     return make_state(plan, cursor, plan.epoch, _settings(plan.rank, workers), counts, with_shards=False)

@@ -22,12 +22,12 @@ of real tar headers (`load_index`), its memory measured with `tracemalloc`; the 
 filling a cache of C tiny shards on tmpfs (fsyncs included); an elastic resume R -> R/2 of an epoch half
 delivered, for one rank of the new run (`plan_resume`), its time and the most memory it allocates (traced with
 `tracemalloc`, in a second run); a rank's state as a checkpoint's gather holds it, the shard list by its digest
-(a growing cache's list kept once for all ranks, its size given beside). Each point runs
+(the names kept once for all ranks, their size given beside). Each point runs
 in a process of its own.
 
 **What is not**: real ranks (one rank's share is computed; every rank does the same), a shared filesystem's
 latency (calls are counted, not timed there), the network of a gather (sizes are computed: a rank's state times
-R, and a growing cache's list once), a real store's listing, and decoding. A curve's **slope** is its log-log slope: 1 grows with the size, 2 with
+R, and the shard names once), a real store's listing, and decoding. A curve's **slope** is its log-log slope: 1 grows with the size, 2 with
 its square. A figure marked *curve extended* is the largest point carried to the target along that slope.
 """
 
@@ -64,7 +64,7 @@ def markdown(d: dict[str, Any]) -> str:
             r["kib"] = r["bytes"] / 1024
             r["ms"] = r["seconds"] * 1e3
     lines += _table(d["state"], [("S", "S"), ("state a rank (KiB)", "kib"), ("built in (ms)", "ms"),
-                                 ("gathered at R (MiB, a growing cache's list once)", "gathered_mib")])
+                                 ("gathered at R (MiB, the shard names once)", "gathered_mib")])
     for r in d["state_resumed"]:
         if "bytes" in r:
             r["kib"] = r["bytes"] / 1024

@@ -314,9 +314,9 @@ class EpochPlan:
     def get_state(self, with_shards: bool = True) -> dict[str, Any]:
         """Plain data from which ``from_state`` rebuilds this plan exactly (the assignment is derived).
 
-        The shard list is kept by its digest and count; the names themselves only ``with_shards`` (a source
-        that cannot give them back at load: a growing cache). ``from_state`` needs them: ``resume.py`` puts
-        back the list the digest names. Of the samples left out, only those of this rank's own entries (the
+        The shard list is kept by its digest and count; the names themselves only ``with_shards`` (the loader
+        decides: ``StagingLoader._keeps_names``). ``from_state`` needs them: ``resume.py`` puts back the list
+        the digest names. Of the samples left out, only those of this rank's own entries (the
         rest are other ranks' to keep: an elastic resume takes every rank's state)."""
         mine = {entry for a in self.assignment for entry in a}
         return {"epoch": self.epoch, "seed": self.seed, "rank": self.rank.rank, "world_size": self.rank.world_size,

@@ -14,6 +14,12 @@ interrupted run delivered; the resumed epoch leaves those out and splits the
 rest by the new ranks and workers. Guarantee: every sample of the epoch exactly
 once across the old and the new run, as long as the shards did not change in
 between; samples of shards gone since are lost, with a warning naming them.
+
+A state keeps its shard list by digest (kilobytes whatever the shard count), and
+the names themselves where they may be needed: a growing cache's, a mixture's,
+short lists, and once for all ranks in a gathered state (``RANKS_FORMAT``). A
+state with the digest alone resumes over the list the loader is given when it is
+the same one; over another it is refused (the old plan cannot be rebuilt).
 """
 
 from __future__ import annotations
@@ -249,8 +255,9 @@ def _resolved_list(state: Mapping[str, Any], current: Sequence[str]) -> Mapping[
     raise SettingError("state", f"the shard list changed since the state was saved ({plan.get('shards_count')} "
                                 f"shards then, {len(current)} now, another list): a state keeps the list by its "
                                 f"digest only, so the epoch's plan cannot be rebuilt over another one; pass the "
-                                f"same shards (elastic=True goes on with what is left only where the state kept "
-                                f"the names: a growing cache's)")
+                                f"same shards (a state keeps the names too, and elastic=True then goes on with "
+                                f"what is left, for a cache, a mixture, lists of up to 4,096 shards, and under "
+                                f"torch.distributed)")
 
 
 def _old_plans(states: Sequence[Mapping[str, Any]],

@@ -118,14 +118,12 @@ def cluster_cpus(address: str, timeout: float) -> float | None:
 
 
 def remote_capacity(remote: RemoteDecode, local: int) -> int:
-    """``workers="auto"``: the most places the cluster may decode beyond the ``local`` ones: ``places`` when it is
-    a number; ``auto``: the cluster's CPUs over ``cpus`` an actor (at most ``MOST_AUTO_PLACES``; as many as the
-    local ones when it cannot say). 0 when nobody answers (``remote_setup`` then refuses, or falls back)."""
+    """``workers="auto"``: the most places the cluster (``remote``, as ``check_cluster`` found it answering) may
+    decode beyond the ``local`` ones: ``places`` when it is a number; ``auto``: the cluster's CPUs over ``cpus`` an
+    actor (at most ``MOST_AUTO_PLACES``; as many as the local ones when it cannot say)."""
     if remote.places != AUTO:
         return int(remote.places)
-    address = resolve_address(remote.address)
-    if answers(address, remote.connect_timeout) is not None:
-        return 0
+    address = remote.address
     cpus = cluster_cpus(address, remote.connect_timeout + ASK_TIMEOUT)
     if cpus is None:
         log.warning("remote: places=auto with workers=auto grows onto at most %d places of the cluster (as many as "
@@ -137,6 +135,16 @@ def remote_capacity(remote: RemoteDecode, local: int) -> int:
     return places
 
 
+def refuse_parquet(shards: list[str]) -> None:
+    """Remote decoding reads tar and TFRecord shards: Parquet is refused, before the cluster is asked anything."""
+    from ...formats import parquet
+
+    bad = next((p for p in shards if parquet.is_parquet(p)), None)
+    if bad is not None:
+        raise SettingError("remote", f"{bad} is a Parquet file: remote decoding reads tar and TFRecord shards "
+                                     f"(a Parquet row is read through its file); decode Parquet here (no remote)")
+
+
 def remote_setup(remote: RemoteDecode | None, workers: int, local_cpus: int,
                  shards: list[str], places: tuple[int, ...] | None = None) -> tuple[dict | None, tuple[int, ...]]:
     """(the RemoteDecode the proxies get, as JSON; the worker places they decode): none without ``remote`` or,
@@ -144,12 +152,7 @@ def remote_setup(remote: RemoteDecode | None, workers: int, local_cpus: int,
     ``workers="auto"`` may grow onto the cluster (every one beyond the local ones), else ``remote.places``'s."""
     if remote is None:
         return None, ()
-    from ...formats import parquet
-
-    bad = next((p for p in shards if parquet.is_parquet(p)), None)
-    if bad is not None:
-        raise SettingError("remote", f"{bad} is a Parquet file: remote decoding reads tar and TFRecord shards "
-                                     f"(a Parquet row is read through its file); decode Parquet here (no remote)")
+    refuse_parquet(shards)
     if places is None:
         places = remote.remote_places(workers, local_cpus)  # refused before the cluster is asked
     checked = check_cluster(remote)

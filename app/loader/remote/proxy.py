@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from ...formats import tfrecord
 from ..plan.stream import SampleRef
 from ..ring.batch_ring import IDLE
-from ..workers.messages import END, EPOCH, ERROR_REASONS, FILL, READY, STOP, BatchResult, decode_fill
+from ..workers.messages import EPOCH, ERROR_REASONS, FILL, READY, STOP, BatchResult
 from ..workers.worker import Worker, WorkerArgs
-from .link import ActorLink, Chunk, Lost, Pending, Unavailable
+from .link import ActorLink, Answer, Chunk, Lost, Pending, Unavailable
 from .settings import RemoteDecode
 
 log = logging.getLogger("feedline.remote")
@@ -52,6 +52,19 @@ class _Batch:
     generation: int = 0  # the actor its first chunk went to: a later chunk goes to that one or nowhere
     formed: bool = False  # its samples are taken (given back when the batch before it needed more)
     t0: int = 0
+
+
+@dataclass
+class _Answers:
+    """What the actor answered for one batch over its calls: the last answer, rows, bytes, verdicts and notes."""
+
+    answer: Answer | None = None
+    rows: int = 0
+    read: int = 0
+    written: int = 0
+    received: int = 0
+    verdicts: list[int] = field(default_factory=lambda: [0] * len(ERROR_REASONS))
+    notes: list[tuple[str, str]] = field(default_factory=list)
 
 
 class RemoteWorker(Worker):
@@ -114,36 +127,32 @@ class RemoteWorker(Worker):
             elif inflight:  # the cluster went: what is in flight is decoded here, in order
                 self._complete(inflight)
                 continue
-            try:
-                msg = conn.recv_bytes()
-            except (EOFError, OSError):
+            command = self._command(conn, lambda: self._settle(inflight))  # answers go back in the fills' order
+            if command is None:
                 return  # the trainer is gone
-            kind = msg[:1]
-            if kind == FILL:
-                epoch, slot, batch = decode_fill(msg)
-                if self.epoch is None or epoch != self.epoch.epoch:
-                    while inflight:  # answers go back in the order the fills came
-                        self._complete(inflight)
-                    conn.send_bytes(self._result(END, epoch, slot, batch, 0, [0] * len(ERROR_REASONS)).encode())
-                else:
-                    if any(not x.formed for x in inflight):  # their samples come before this batch's
-                        while inflight:
-                            self._complete(inflight)
-                    if self.link is not None and self._actor_takes():
-                        inflight.append(self._start(_Batch(slot, batch)))
-                    else:  # no actor (yet): this batch is decoded here
-                        while inflight:
-                            self._complete(inflight)
-                        conn.send_bytes(self._fill(slot, batch).encode())
-            else:
-                while inflight:
-                    self._complete(inflight)
+            kind, msg, fill = command
+            if fill is not None:
+                slot, batch = fill
+                if any(not x.formed for x in inflight):  # their samples come before this batch's
+                    self._settle(inflight)
+                if self.link is not None and self._actor_takes():
+                    inflight.append(self._start(_Batch(slot, batch)))
+                else:  # no actor (yet): this batch is decoded here
+                    self._settle(inflight)
+                    conn.send_bytes(self._fill(slot, batch).encode())
+            elif kind != FILL:
+                self._settle(inflight)
                 if kind == EPOCH:
                     while self._pushback:  # another epoch's samples
                         self._pushback.popleft().shard.release()
                     self._new_epoch(msg)
                 elif kind == STOP:
                     return
+
+    def _settle(self, inflight: deque["_Batch"]) -> None:
+        """Every batch in flight completed and answered, in order."""
+        while inflight:
+            self._complete(inflight)
 
     def _actor_takes(self) -> bool:
         """The actor has started (and the cluster is there: otherwise this place decodes here from now on)."""
@@ -200,29 +209,8 @@ class RemoteWorker(Worker):
             conn.send_bytes(self._decode_here(b, inflight).encode())
             self._reform(inflight)
             return
-        batch_size = self.ring.layout.batch_size
-        notes: list[tuple[str, str]] = []
-        verdicts = [0] * len(ERROR_REASONS)  # the actor's: counted once the batch is done (a redo here counts its own)
-        n = read = written = redone = received = 0
-        answer = None
-        seen = 0  # items whose verdicts are in
         try:
-            sb = self.ring.layout.slot_bytes
-            into = memoryview(self.ring.memory.base[b.slot * sb : (b.slot + 1) * sb])
-            while b.sent:  # none: the stream had no sample left for this batch
-                answer = self.link.wait(b.pending, into)
-                received += answer.received
-                chunk = b.items[seen:]
-                for i, reason, text in answer.failed:
-                    verdicts[_REASON[reason]] += 1
-                    notes.append((reason, f"{chunk[i].shard.path} sample {chunk[i].sample.key!r}: {text}"))
-                seen = len(b.items)
-                n, read, written = answer.rows, read + answer.read, written + answer.written
-                if n >= batch_size:
-                    break
-                self._give_back(inflight)  # the samples the next batches took are this one's to take first
-                if not self._send_more(b, n):
-                    break
+            got = self._collect(b, inflight)
         except Unavailable:  # its actor was lost (a new one is starting): the batch is decoded again, here
             conn.send_bytes(self._decode_here(b, inflight, redone=True).encode())
             self._reform(inflight)
@@ -233,20 +221,45 @@ class RemoteWorker(Worker):
             return
         self.status[1] = IDLE
         assert self.epoch is not None
-        b.errors = [a + v for a, v in zip(b.errors, verdicts)]
-        for reason, text in notes:
+        b.errors = [a + v for a, v in zip(b.errors, got.verdicts)]  # the actor's, counted once the batch is done
+        for reason, text in got.notes:
             self.epoch.note(reason, text)
+        answer, n = got.answer, got.rows
         if answer is not None and n and answer.slot.nbytes:  # (a streamed slot is in the ring already)
             sb = self.ring.layout.slot_bytes
             self.ring.memory.base[b.slot * sb : (b.slot + 1) * sb] = answer.slot  # the one copy into the ring
-        sent = sum(b.sent)
         elapsed = answer.decode_ns if answer is not None else time.perf_counter_ns() - b.t0
-        result = self._finish(b.slot, b.number, n, b.errors, elapsed, read, written, (1, redone, sent, received),
+        result = self._finish(b.slot, b.number, n, b.errors, elapsed, got.read, got.written,
+                              (1, 0, sum(b.sent), got.received),
                               b.items[-1].pos + 1 if b.items else None)  # the stream ran ahead: this batch's end
         for item in b.items:
             item.shard.release()
         conn.send_bytes(result.encode())
         self._reform(inflight)
+
+    def _collect(self, b: _Batch, inflight: deque[_Batch]) -> _Answers:
+        """The actor's answers for ``b`` (its slot streamed into the ring), more of the stream's samples sent while
+        skipped ones leave it short; raises ``Unavailable`` or ``Lost`` as the link does."""
+        assert self.link is not None
+        got = _Answers()
+        batch_size, sb = self.ring.layout.batch_size, self.ring.layout.slot_bytes
+        into = memoryview(self.ring.memory.base[b.slot * sb : (b.slot + 1) * sb])
+        seen = 0  # items whose verdicts are in
+        while b.sent:  # none: the stream had no sample left for this batch
+            answer = got.answer = self.link.wait(b.pending, into)
+            got.received += answer.received
+            chunk = b.items[seen:]
+            for i, reason, text in answer.failed:
+                got.verdicts[_REASON[reason]] += 1
+                got.notes.append((reason, f"{chunk[i].shard.path} sample {chunk[i].sample.key!r}: {text}"))
+            seen = len(b.items)
+            got.rows, got.read, got.written = answer.rows, got.read + answer.read, got.written + answer.written
+            if got.rows >= batch_size:
+                break
+            self._give_back(inflight)  # the samples the next batches took are this one's to take first
+            if not self._send_more(b, got.rows):
+                break
+        return got
 
     def _give_back(self, inflight: deque[_Batch]) -> None:
         """Put the samples of the batches in flight after this one back at the stream's front, in order; they are

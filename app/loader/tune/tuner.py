@@ -77,7 +77,9 @@ def decide(workers: int, most: int, w: Window, local: int | None = None) -> Deci
         return Decision(workers, False, f"keeping {workers} workers for now: {figures} (the wait is for one "
                                         f"worker's turn, not for decoding)")
     here = max(0, min(local - workers, math.floor(w.idle_cpus + 0.5)))  # local first, on CPUs idle here
-    remote = most - max(workers, local)  # then the cluster's places: its CPUs, not this host's
+    # then the cluster's places (its CPUs, not this host's), once every local place is in use: a new worker takes
+    # the next place, so the cluster's come only after the local ones
+    remote = most - max(workers, local) if workers + here >= local else 0
     if here + remote < 1:
         return Decision(workers, True, f"keeping {workers} workers, the CPUs are busy: {figures}")
     # fed, the loop would take a batch every `step`; it takes one every `wait + step`

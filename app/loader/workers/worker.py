@@ -174,22 +174,33 @@ class Worker:
     def serve(self) -> None:
         conn = self.args.conn
         conn.send_bytes(READY)
-        while True:
-            try:
-                msg = conn.recv_bytes()
-            except (EOFError, OSError):
-                return  # the trainer is gone
-            kind = msg[:1]
-            if kind == FILL:
-                epoch, slot, batch = decode_fill(msg)
-                if self.epoch is None or epoch != self.epoch.epoch:
-                    conn.send_bytes(self._result(END, epoch, slot, batch, 0, [0] * len(ERROR_REASONS)).encode())
-                else:
-                    conn.send_bytes(self._fill(slot, batch).encode())
+        while (command := self._command(conn)) is not None:
+            kind, msg, fill = command
+            if fill is not None:
+                conn.send_bytes(self._fill(*fill).encode())
             elif kind == EPOCH:
                 self._new_epoch(msg)
             elif kind == STOP:
                 return
+
+    def _command(self, conn: Any, settle: Callable[[], None] = lambda: None
+                 ) -> tuple[bytes, bytes, tuple[int, int] | None] | None:
+        """The trainer's next command: (its kind, the message, (slot, batch) of a FILL of this epoch); None once the
+        trainer is gone. A FILL of another epoch is answered END here, its slot unused (after ``settle()``: the
+        answers owed before it)."""
+        try:
+            msg = conn.recv_bytes()
+        except (EOFError, OSError):
+            return None
+        kind = msg[:1]
+        if kind != FILL:
+            return kind, msg, None
+        epoch, slot, batch = decode_fill(msg)
+        if self.epoch is not None and epoch == self.epoch.epoch:
+            return kind, msg, (slot, batch)
+        settle()
+        conn.send_bytes(self._result(END, epoch, slot, batch, 0, [0] * len(ERROR_REASONS)).encode())
+        return kind, msg, None
 
     def _new_epoch(self, msg: bytes) -> None:
         """An EPOCH command: the plan's stream from its resume position; an earlier epoch is abandoned."""
