@@ -15,7 +15,7 @@ from feedline.formats.shard_index import build_index, load_index
 from feedline.errors import SettingError
 from feedline.loader.plan.epoch_plan import EpochPlan, shards_digest
 from feedline.loader.plan.rank import Rank
-from feedline.loader.plan.resume import RANKS_FORMAT, Cursor, make_state, own_state, plan_resume, shared_lists
+from feedline.loader.plan.resume import EXACT, RANKS_FORMAT, Cursor, make_state, own_state, plan_resume, shared_lists
 from feedline.loader.plan.sources import PathSource
 
 
@@ -123,6 +123,11 @@ def _mid_epoch_state(plan, counts, with_shards):
     return make_state(plan, cursor, plan.epoch, settings, counts, with_shards)
 
 
+def _settings_of(state):
+    """The loader settings a state was saved with (what ``plan_resume`` compares)."""
+    return {k: state[k] for k in (*EXACT, "sources")}
+
+
 def test_a_rank_state_over_100000_shards_is_at_most_16_kb_and_names_its_shard_list_by_digest():
     shards = [f"/data/train-{i:06d}.tar" for i in range(100_000)]
     plan = EpochPlan.make(shards, epoch=2, seed=0, rank=Rank(2048, 4096), workers=16)
@@ -137,8 +142,7 @@ def test_a_state_kept_by_digest_is_refused_over_another_shard_list_and_resumes_o
     shards = [f"/data/s-{i:03d}.tar" for i in range(40)]
     plan = EpochPlan.make(shards, epoch=1, seed=0, rank=Rank(0, 1), workers=2)
     state = json.loads(json.dumps(_mid_epoch_state(plan, {}, with_shards=False)))
-    settings = {k: state[k] for k in ("seed", "batch_size", "drop_last", "shuffle", "shuffle_buffer",
-                                      "shuffle_block", "workers", "rank", "world_size", "sources")}
+    settings = _settings_of(state)
     resume, epoch = plan_resume(state, settings, Rank(0, 1), list(reversed(shards)), False, False)
     assert epoch == 1 and resume.plan == plan and resume.delivered == [800, 800]
     with pytest.raises(SettingError, match="shard list changed .*40 shards then, 39 now.*by its digest only"):
@@ -163,8 +167,7 @@ def test_a_state_saved_before_digests_with_its_shard_list_still_loads():
     plan = EpochPlan.make(shards, epoch=0, seed=0, rank=Rank(0, 1), workers=2)
     state = json.loads(json.dumps(_mid_epoch_state(plan, {}, with_shards=True)))
     del state["plan"]["shards_digest"], state["plan"]["shards_count"]
-    settings = {k: state[k] for k in ("seed", "batch_size", "drop_last", "shuffle", "shuffle_buffer",
-                                      "shuffle_block", "workers", "rank", "world_size", "sources")}
+    settings = _settings_of(state)
     resume, _ = plan_resume(state, settings, Rank(0, 1), shards, False, False)
     assert resume.plan == plan
 

@@ -5,10 +5,10 @@
 (one ``write``, fsynced): the next generation's change — shards added, ids removed, ``complete``, ``retained``.
 A publish so costs O(1), not a rewrite of every entry (O(C) a publish, O(C^2) to fill a cache of C shards);
 the log is folded into a new ``manifest.json`` once it has as many lines as that file has shards (O(1)
-amortised: a fill folds at 64, 128, 256, ... shards). The log's first line names the generation of the ``manifest.json`` it follows: a reader applies the
-lines after the one it read, in order, and stops at a torn last line (a writer that died mid-line); a log that
-follows a newer ``manifest.json`` than the one it read means a fold happened in between: it reads again. A
-reader always sees one whole generation.
+amortised: a fill folds at 64, 128, 256, ... shards). The log's first line names the generation of the
+``manifest.json`` it follows: a reader applies the lines after the one it read, in order, and stops at a torn
+last line (a writer that died mid-line); a log that follows a newer ``manifest.json`` than the one it read means
+a fold happened in between: it reads again. A reader always sees one whole generation.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def _with_list(state: Mapping[str, Any], lists: Mapping[str, Sequence[str]]) -> 
     plan = state.get("plan")
     if plan is None or "shards" in plan or plan.get("shards_digest") not in lists:
         return state
-    return {**state, "plan": {**plan, "shards": list(lists[plan["shards_digest"]])}}
+    return {**state, "plan": {**plan, "shards": lists[plan["shards_digest"]]}}  # one list for every rank: no copy
 
 
 def _check_format(state: Mapping[str, Any]) -> None:
@@ -210,7 +210,8 @@ def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], setting
         raise SettingError("state", f"was saved by a loader with other settings: {', '.join(wrong)}. Load it into a "
                                     f"loader with those settings, or pass elastic=True to resume with every "
                                     f"remaining sample of the epoch exactly once (in another order)")
-    many = [_resolved_list(st, current_shards) for st in many]
+    current = _Current(current_shards)
+    many = [_resolved_list(st, current) for st in many]
     first = many[0]
     plan_state = first["plan"]
     saved = list(plan_state["shards"])
@@ -244,16 +245,38 @@ def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], setting
     return Resume(plan), epoch
 
 
-def _resolved_list(state: Mapping[str, Any], current: Sequence[str]) -> Mapping[str, Any]:
+class _Current:
+    """The source's shard list now, sorted and digested once however many states (one a rank) are resolved."""
+
+    def __init__(self, shards: Sequence[str]):
+        self.count = len(shards)
+        self._shards = shards
+        self._sorted: list[str] | None = None
+        self._digest: str | None = None
+
+    @property
+    def digest(self) -> str:
+        if self._digest is None:
+            self._digest = shards_digest(self._shards)
+        return self._digest
+
+    @property
+    def names(self) -> list[str]:
+        if self._sorted is None:
+            self._sorted = sorted(self._shards)
+        return self._sorted
+
+
+def _resolved_list(state: Mapping[str, Any], current: _Current) -> Mapping[str, Any]:
     """``state`` with its plan's shard names: its own, or the source's now when they are the ones its digest
     names; refused, saying so, when the shard list changed and the state kept only its digest."""
     plan = state["plan"]
     if plan is None or "shards" in plan:
         return state
-    if shards_digest(current) == plan.get("shards_digest"):
-        return {**state, "plan": {**plan, "shards": sorted(current)}}
+    if current.digest == plan.get("shards_digest"):
+        return {**state, "plan": {**plan, "shards": current.names}}
     raise SettingError("state", f"the shard list changed since the state was saved ({plan.get('shards_count')} "
-                                f"shards then, {len(current)} now, another list): a state keeps the list by its "
+                                f"shards then, {current.count} now, another list): a state keeps the list by its "
                                 f"digest only, so the epoch's plan cannot be rebuilt over another one; pass the "
                                 f"same shards (a state keeps the names too, and elastic=True then goes on with "
                                 f"what is left, for a cache, a mixture, lists of up to 4,096 shards, and under "
