@@ -82,8 +82,12 @@ def test_the_scale_simulation_runs_and_writes_its_report(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     report = json.loads((tmp_path / "s.json").read_text())
     assert {r["part"] for r in report["targets"]} == {"1", "2", "3", "4", "5", "6", "7"}
-    assert not any("error" in r for key in ("state", "epoch_start", "index", "fill", "elastic", "agreement")
-                   for r in report[key])
+    assert not any("error" in r for key in ("state", "epoch_start", "mixture_start", "index", "fill", "elastic",
+                                            "agreement") for r in report[key])
+    listed = [r for r in report["mixture_start"] if r["listed"]]  # a mixture's counts from its sources' listings
+    assert listed and all(r["calls"] <= r["S"] / 4096 + 10 for r in listed)
+    builds = report["index_builds"]  # a real loader's workers, each reading part of every shard
+    assert builds["built"] == builds["S"] and builds["copied"] >= (builds["W"] - 1) * builds["S"]
     assert "## 6. More ranks than shards" in (tmp_path / "s.md").read_text()
     assert list(tmp_path.glob("feedline-scale-*")) == []  # its made-up shards are gone
 

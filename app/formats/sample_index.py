@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from dataclasses import dataclass
 from array import array
 from collections.abc import Iterator, Sequence
@@ -106,8 +107,41 @@ class SampleTable(LazySamples):
 
     def nbytes(self) -> int:
         """The arrays' bytes (what the table holds beyond a few small objects)."""
-        return len(self._keys) + sum(a.itemsize * len(a) for a in (self._key_at, self._layout_of, self._member_at,
-                                                                     self._offsets, self._sizes))
+        return len(self._keys) + sum(a.itemsize * len(a) for a in self._arrays())
+
+    def _arrays(self) -> tuple[array, ...]:
+        return self._key_at, self._layout_of, self._member_at, self._offsets, self._sizes
+
+    def to_bytes(self) -> bytes:
+        """The table as bytes another process copies back (``from_bytes``) with no parsing: a small JSON head (the
+        layouts, the arrays' types and lengths), then the keys and the arrays as they are in memory."""
+        head = json.dumps({"layouts": self._layouts, "keys": len(self._keys),
+                           "arrays": [[a.typecode, len(a)] for a in self._arrays()]}, separators=(",", ":")).encode()
+        return b"".join((struct.pack("<I", len(head)), head, self._keys, *(a.tobytes() for a in self._arrays())))
+
+    @classmethod
+    def from_bytes(cls, data: memoryview | bytes) -> "SampleTable":
+        """``to_bytes``'s table, copied into arrays of this process; ``ValueError`` for bytes that are not one."""
+        try:
+            (size,) = struct.unpack_from("<I", data)
+            head = json.loads(bytes(data[4:4 + size]))
+            at = 4 + size
+            keys = bytes(data[at:at + head["keys"]])
+            at += len(keys)
+            arrays = []
+            for typecode, n in head["arrays"]:
+                a = array(typecode)
+                a.frombytes(data[at:at + n * a.itemsize])
+                if len(a) != n:
+                    raise ValueError("cut short")
+                arrays.append(a)
+                at += n * a.itemsize
+            layouts = [tuple(str(ext) for ext in layout) for layout in head["layouts"]]
+            if len(keys) != head["keys"] or len(arrays) != 5 or at != len(data):
+                raise ValueError("sizes disagree")
+        except (struct.error, KeyError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not a sample table: {exc}") from None
+        return cls(keys, arrays[0], layouts, *arrays[1:])
 
 
 class SampleTableBuilder:

@@ -16,7 +16,8 @@ import re
 import tarfile
 import threading
 from collections import OrderedDict
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
+from typing import Protocol
 
 from . import listing, parquet, tar_headers, tfrecord
 from .files import atomic_write
@@ -184,10 +185,23 @@ class _Memo:
 _MEMO = _Memo()
 
 
-def load_index(path: str, fd: int | None = None) -> ShardIndex:
+class SharedIndexes(Protocol):
+    """Where the processes of one loader leave the indexes they built for each other (the loader's
+    ``workers/index_share.py``), by the identity of the file."""
+
+    def find(self, identity: tuple[str, int, int, int, int, int]) -> ShardIndex | None: ...
+
+    def building(self, identity: tuple[str, int, int, int, int, int]) -> contextlib.AbstractContextManager[None]: ...
+
+    def put(self, identity: tuple[str, int, int, int, int, int], index: ShardIndex) -> None: ...
+
+
+def load_index(path: str, fd: int | None = None, share: SharedIndexes | None = None) -> ShardIndex:
     """The index of the shard as it is now: kept from an earlier call, stored beside it (``.idx``, when it matches
     the shard's size) or a fresh scan (of ``fd`` if given). The shard is opened once and asked everything through
-    that descriptor: on a shared filesystem a path's ``stat`` or ``open`` is a round trip to its metadata server."""
+    that descriptor: on a shared filesystem a path's ``stat`` or ``open`` is a round trip to its metadata server.
+    With ``share``, an index another process built is copied from there, and one built here is left there (one
+    build a shard for all of a loader's processes; a Parquet file's footer is read by each)."""
     own = None
     if fd is None:
         try:
@@ -202,12 +216,28 @@ def load_index(path: str, fd: int | None = None) -> ShardIndex:
         key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         index = _MEMO.get(key)
         if index is None:
-            index = _load_index(path, fd, st.st_size)
+            if share is not None and not parquet.is_parquet(path):
+                index = _shared(share, key, lambda: _load_index(path, fd, st.st_size))
+            else:
+                index = _load_index(path, fd, st.st_size)
             _MEMO.put(key, index)
         return index
     finally:
         if own is not None:
             os.close(own)
+
+
+def _shared(share: SharedIndexes, identity: tuple[str, int, int, int, int, int],
+            load: Callable[[], ShardIndex]) -> ShardIndex:
+    """From ``share``, else built here (while another process of the loader waits for it) and left there."""
+    index = share.find(identity)
+    if index is None:
+        with share.building(identity):
+            index = share.find(identity)  # built by another while this one waited
+            if index is None:
+                index = load()
+                share.put(identity, index)
+    return index
 
 
 def _load_index(path: str, fd: int | None, size: int | None = None) -> ShardIndex:

@@ -8,7 +8,8 @@
   ``.tar.gz``, ``.tgz``, ``.tar.zst``; TFRecord files: ``.tfrecord``, ``.tfrecords``, either ``.gz``,
   and TFDS's ``<name>.tfrecord-00000-of-00016``; Parquet files: ``.parquet``); an **index file**
   when it ends in an index suffix (``.txt``, ``.lst``, ``.list``, ``.index``): one shard per line,
-  optionally followed by its sha256 and size; anything else is refused with these rules named;
+  optionally followed by its sha256 and size; or ``.json``, a webdataset (``wids``) shard index, which gives
+  each shard's sample count too (``wids_index.py``); anything else is refused with these rules named;
 - a local directory stands for the shards in it; a local glob for the shards it matches; an object
   store's ``s3://``, ``gs://``, ``az://`` or ``hf://`` prefix that is neither a shard nor an index stands
   for the shards under it, and a glob there for the shards it matches;
@@ -33,13 +34,13 @@ from dataclasses import dataclass
 
 from braceexpand import braceexpand
 
-from . import listing
+from . import listing, wids_index
 
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecords.gz")
 TFDS_NAME = re.compile(r"\.tfrecords?-\d+-of-\d+(\.gz)?$")  # TFDS's files: mnist-train.tfrecord-00000-of-00001
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd", *TFRECORD_SUFFIXES, ".parquet")
 STEM_MAX = 160  # a shard's cache id: its stem, and "-<8 hex>" where stems repeat (cache.manifest.ID_MAX)
-INDEX_SUFFIXES = (".txt", ".lst", ".list", ".index")
+INDEX_SUFFIXES = (".txt", ".lst", ".list", ".index", ".json")  # .json: a wids shard index (wids_index.py)
 OBJECT_SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "hf://")  # sampler.stores.MODULES
 REMOTE_SCHEMES = ("http://", "https://", *OBJECT_SCHEMES)
 PIPE = "pipe:"
@@ -131,6 +132,7 @@ class IndexEntry:
     url: str
     sha256: str = ""
     size: int | None = None
+    samples: int | None = None  # its sample count, where the index gives it (a wids shard index)
 
 
 def expand(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
@@ -244,19 +246,31 @@ def _remote_entry(entry: str, base: str, lineno: int) -> str:
     return urllib.parse.urljoin(base, entry)
 
 
+def _entry_url(entry: str, base: str, lineno: int) -> str:
+    """An index's entry as a URL or path: relative ones resolve against the index's location ``base``."""
+    if is_remote(base):  # a remote index names remote shards only, never a file of this host
+        return _remote_entry(entry, base, lineno)
+    url = _local_path(entry)
+    if not is_remote(url) and not os.path.isabs(url):
+        url = os.path.join(os.path.dirname(base), url)
+    return url
+
+
 def parse_index(text: str, base: str) -> list[IndexEntry]:
-    """Lines of ``url [sha256] [size]``; ``#`` starts a comment; relative entries resolve against ``base``."""
+    """Lines of ``url [sha256] [size]``; ``#`` starts a comment; relative entries resolve against ``base``.
+    A JSON document is a wids shard index (``wids_index.py``): its entries carry their sample counts."""
+    if wids_index.looks_like(text):
+        try:
+            listed = wids_index.parse(text)
+        except ValueError as exc:
+            raise ShardListError(f"index {redact(base)}: {exc}") from None
+        return [IndexEntry(_entry_url(e.url, base, i), "", e.size, e.samples) for i, e in enumerate(listed, 1)]
     entries = []
     for lineno, line in enumerate(text.splitlines(), 1):
         parts = line.split("#", 1)[0].split()
         if not parts:
             continue
-        if is_remote(base):  # a remote index names remote shards only, never a file of this host
-            url = _remote_entry(parts[0], base, lineno)
-        else:
-            url = _local_path(parts[0])
-            if not is_remote(url) and not os.path.isabs(url):
-                url = os.path.join(os.path.dirname(base), url)
+        url = _entry_url(parts[0], base, lineno)
         sha, size = "", None
         for extra in parts[1:]:
             if re.fullmatch(r"[0-9a-fA-F]{64}", extra):
@@ -305,7 +319,7 @@ def local_shards(names: Sequence[str]) -> list[IndexEntry]:
         elif os.path.exists(name):
             raise ShardListError(f"{name} is neither a shard nor an index file: {RULES}")
     unique = {os.path.abspath(e.url) if not is_remote(e.url) else e.url: e for e in found}
-    return [IndexEntry(url, e.sha256, e.size) for url, e in unique.items()]
+    return [IndexEntry(url, e.sha256, e.size, e.samples) for url, e in unique.items()]
 
 
 LIST_AT = 32  # shard names given one by one in a folder from which it is read once, not a stat a name

@@ -51,7 +51,7 @@ from .plan.mixture import Source, check_sources
 from .plan.rank import Rank
 from .plan.resume import (RANKS_FORMAT, Cursor, Resume, differing, make_state, own_state, plan_resume, saved_workers,
                           shared_lists)
-from .plan.sources import MixedSource, PathSource, ShardSource
+from .plan.sources import MixedSource, PathSource, ShardSource, check_counts
 from .ring.batch_ring import BatchRing, RingHandle, RingLayout, check_ring_memory
 from .remote.cluster import check_cluster, refuse_parquet, remote_capacity, remote_setup
 from .remote.settings import RemoteDecode
@@ -62,8 +62,9 @@ from .tune.auto import AutoWorkers
 from .tune.autotune import AUTO, choose
 from .tune.tuner import CpuMeter, WorkerTuner
 from .workers.launch import Launcher
+from .workers.index_share import IndexShare
 from .workers.pool import WorkerPool
-from .workers.probe import probe_spec, resolve_side_bytes
+from .workers.probe import PROBE_SHARDS, probe_spec, resolve_side_bytes
 from .workers.worker import WorkerCode, WorkerSetup
 
 log = logging.getLogger("feedline.loader")
@@ -227,6 +228,7 @@ class StagingLoader:
         p = self._pipeline = Pipeline()
         self._finalizer = weakref.finalize(self, p.close)
         try:
+            p.indexes = IndexShare.create()  # each shard's index built once for this process and its workers
             if RankCoordinator.wanted(s.equal_batches):  # every rank builds its loaders in the same order
                 p.coordinator = RankCoordinator(s.equal_batches)
             if s.device_decode is not None:  # the workers keep those members compressed
@@ -234,7 +236,8 @@ class StagingLoader:
             p.launcher = Launcher(WorkerCode(Decoder(decode, max_member_bytes=s.max_member_bytes), selection,
                                                   transform))  # refused if unpicklable
             self.spec, probed = probe_spec(spec, first, self.source.describe(), p.launcher.code(),
-                                           s.max_sample_errors)
+                                           s.max_sample_errors, p.indexes)
+            check_counts(getattr(self.source, "counts", {}), sorted(first)[:PROBE_SHARDS], p.indexes)
             if s.device_decode is not None:
                 self.spec = compressed_spec(self.spec, s.device_decode)
             layout = RingLayout(self.spec, s.batch_size, resolve_side_bytes(s.side_bytes, self.spec, probed),
@@ -248,7 +251,8 @@ class StagingLoader:
                 s.remote, most, len(self.placement.worker_cpus) if self.placement.placed
                 else len(os.sched_getaffinity(0)), first, tuple(range(local, most)) if grows_onto else None)
             setup = WorkerSetup(RingHandle.of(p.ring), s.shuffle_buffer if s.shuffle else 0, s.drop_last,
-                                logging.getLogger("feedline").getEffectiveLevel(), s.block, remote_json, remote_places)
+                                logging.getLogger("feedline").getEffectiveLevel(), s.block, remote_json, remote_places,
+                                p.indexes.to_json())
             stats, slots = self._stats, s.slots
             p.pin(self.placement)  # the training process's threads on its cores (its workers' are theirs)
             p.pool = WorkerPool(p.ring, p.launcher, setup.to_json(), s.workers, stats,
@@ -443,7 +447,9 @@ class StagingLoader:
         """``plan``'s batch count, its shards counted as the manifest had them when the epoch started (or now,
         for an epoch not yet started): the sidecar may evict them while the epoch runs."""
         counts = self._counts if plan is self.plan else getattr(self.source, "counts", None)
-        return plan.batches(self.settings.batch_size, self.settings.drop_last, counts or None)
+        pipeline = getattr(self, "_pipeline", None)  # (none yet while the first plan is made)
+        return plan.batches(self.settings.batch_size, self.settings.drop_last, counts or None,
+                            pipeline.indexes if pipeline is not None else None)
 
     def _plan_epoch(self, epoch: int) -> EpochPlan:
         s = self.settings

@@ -3,7 +3,7 @@
 Closing order matters: the hand-off first (wakes a blocked put), the
 transfer threads (joined, so none releases a slot into a closed pool), the
 pool (its dispatcher stops the workers), the batches the loop kept (moved
-out of the ring), the launcher's memfd, the rank coordinator's process
+out of the ring), the launcher's memfd, the shared shard indexes' memfd, the rank coordinator's process
 group, the device buffers, the CUDA registration of the ring, the ring, and
 last the training process's CPU pins (its threads' masks given back).
 """
@@ -23,6 +23,7 @@ from .plan.coordinate import RankCoordinator
 from .ring.batch_ring import BatchRing
 from .ring.kept import KeptBatches
 from .stats import StatsRecorder
+from .workers.index_share import IndexShare
 from .workers.launch import Launcher
 from .workers.pool import WorkerPool
 
@@ -37,6 +38,7 @@ class Pipeline:
         self.transfer: TransferStage | None = None
         self.kept: KeptBatches | None = None
         self.launcher: Launcher | None = None
+        self.indexes: IndexShare | None = None  # the shard indexes this process and its workers build for each other
         self.coordinator: RankCoordinator | None = None
         self.gpu: Gpu | None = None  # a device: the ring is pinned to it until close
         self.slots: DeviceSlots | None = None  # h2d="slot": the device buffers, one a ring slot
@@ -88,6 +90,8 @@ class Pipeline:
             self.kept.close()
         if self.launcher is not None:
             self.launcher.close()
+        if self.indexes is not None:
+            self.indexes.close()
         if self.coordinator is not None:
             self.coordinator.close()
         if self.slots is not None:
@@ -97,4 +101,5 @@ class Pipeline:
         if self.ring is not None:
             self.ring.close()
         self.ring = self.pool = self.queue = self.transfer = self.kept = self.launcher = self.coordinator = None
+        self.indexes = None
         self.gpu = self.slots = None

@@ -7,7 +7,9 @@ Each runs the real planning, resume, index and cache code on made-up inputs (``m
   checkpoint's gather, and the shard names a checkpoint keeps once;
 - ``epoch_start``: one rank's epoch start over a folder of S real tiny shards (the source's listing, the plan, the
   batch count the loader asks for), its metadata calls counted;
+- ``mixture_start``: the same for a two-source mixture (the draw needs every shard's count), listed or not;
 - ``index``: a shard index's memory a sample (``load_index`` of a real tar of S samples);
+- ``index_builds``: a real loader of W workers over S shards with no index files, one epoch: the builds a shard;
 - ``fill``: a cache filled with C tiny shards by the sidecar's store (``CacheStore.publish``);
 - ``elastic``: an elastic resume R -> R/2 of an epoch of N samples half delivered (``plan_resume``), for one rank:
   its time, and the most memory it allocates at once (traced, in a second run);
@@ -28,7 +30,7 @@ from typing import Any
 from ...loader.plan.epoch_plan import EpochPlan
 from ...loader.plan.rank import Rank
 from ...loader.plan.resume import Cursor, make_state, plan_resume
-from .made_up import metadata_calls, shard_names, tar_bytes
+from .made_up import metadata_calls, shard_names, tar_bytes, write_shards
 
 W = 16  # workers a rank
 BATCH = 256
@@ -81,6 +83,38 @@ def epoch_start(S: int, R: int, folder: str) -> dict[str, Any]:
             "batches": batches, "rss_mib": _rss_mib()}
 
 
+def mixture_start(S: int, R: int, folder: str, listed: bool = True) -> dict[str, Any]:
+    """One rank's epoch start of a two-source mixture over a folder's S shards (half each): the draw (which needs
+    every shard's count), the plan, the batch count; the sources given as webdataset shard indexes
+    (``shardindex.json``: the counts listed) or, with ``listed=False``, as the shards themselves."""
+    from ...loader.plan.mixture import Source
+    from ...loader.plan.sources import MixedSource, PathSource
+
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".tar"))
+    halves = [names[: S // 2], names[S // 2:]]
+    specs: list[Any] = []
+    for k, half in enumerate(halves):
+        if listed:
+            path = os.path.join(folder, f"shardindex-{k}.json")
+            with open(path, "w") as f:
+                json.dump({"wids_version": 1, "shardlist": [{"url": n, "nsamples": 1} for n in half]}, f)
+            specs.append(path)
+        else:
+            specs.append([os.path.join(folder, n) for n in half])
+    sources = [Source(f"s{k}", shards=spec, weight=1.0) for k, spec in enumerate(specs)]
+    rank = Rank(R // 2, R)
+    with metadata_calls() as calls:
+        t0 = time.perf_counter()
+        mixed = MixedSource([s.name for s in sources], [PathSource(s.shards) for s in sources])
+        shards, mix = mixed.draw(sources, seed=0, epoch=0, shuffle=True)
+        plan = EpochPlan.make(shards, epoch=0, seed=0, rank=rank, workers=W, mixture=mix, interleaved=True)
+        batches = plan.batches(BATCH, False, mixed.counts)
+        seconds = time.perf_counter() - t0
+    assert len(shards) == S, (len(shards), S)
+    return {"S": S, "listed": listed, "seconds": seconds, "calls": sum(calls.values()), "by_call": dict(calls),
+            "rank_shards": plan.rank_shards, "batches": batches}
+
+
 def index(S: int, folder: str) -> dict[str, Any]:
     from ...formats.shard_index import build_index
 
@@ -98,6 +132,27 @@ def index(S: int, folder: str) -> dict[str, Any]:
         return {"bytes_per_sample": held / S, "samples": S}
     finally:
         os.unlink(path)
+
+
+def index_builds(S: int, W: int, samples: int, folder: str) -> dict[str, Any]:
+    """A real loader of W workers over S tar shards with no index files, the default epoch shuffle (each worker
+    reads its part of every shard), one epoch: how many times each index was built, and how often copied."""
+    from ...loader.loader import StagingLoader
+
+    shards = write_shards(folder, S, samples)
+    try:
+        t0 = time.perf_counter()
+        with StagingLoader(shards, batch_size=8, workers=W, spec={"bin": ("uint8", (1,))}, device="cpu",
+                           worker_timeout=0) as loader:
+            delivered = sum(len(b["bin"]) for b in loader)
+            assert loader.settings.block > 0, "not the epoch shuffle"
+            built, copied = loader._pipeline.indexes.counts() if loader._pipeline.indexes else (0, 0)
+        seconds = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert delivered == S * samples, (delivered, S * samples)
+    return {"S": S, "W": W, "samples": samples, "built": built, "copied": copied, "seconds": seconds,
+            "builds_per_shard": built / S}
 
 
 def _partial(store: Any, shard_id: str, data: bytes) -> str:
@@ -202,7 +257,9 @@ def agreement(R: int, state_bytes: int = 64 << 10) -> dict[str, Any]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-POINTS = {"agreement": agreement, "ranks_over_shards": ranks_over_shards, "state": state, "epoch_start": epoch_start, "index": index, "fill": fill, "elastic": elastic}
+POINTS = {"agreement": agreement, "ranks_over_shards": ranks_over_shards, "state": state, "epoch_start": epoch_start,
+          "mixture_start": mixture_start, "index": index, "index_builds": index_builds, "fill": fill,
+          "elastic": elastic}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -90,8 +90,28 @@ def markdown(d: dict[str, Any]) -> str:
             r["what"] = ", ".join(f"{k} {v:,}" for k, v in sorted(r["by_call"].items()))
     lines += _table(d["epoch_start"], [("S", "S"), ("seconds", "seconds"), ("metadata calls", "calls"),
                                        ("of which", "what"), ("its shards", "rank_shards")])
+    mixed = d.get("mixture_start") or []
+    if mixed:
+        for r in mixed:
+            if "by_call" in r:
+                r["what"] = ", ".join(f"{k} {v:,}" for k, v in sorted(r["by_call"].items()))
+                r["given"] = "shardindex.json (counts listed)" if r["listed"] else "the shards (each index read)"
+        lines += ["", "The same rank's epoch start of a two-source mixture over those shards (half each): the draw "
+                  "needs every shard's sample count on every rank, from the sources' webdataset shard indexes "
+                  "(`shardindex.json`, the counts listed) or from every shard's index:", ""]
+        lines += _table(mixed, [("S", "S"), ("sources given as", "given"), ("seconds", "seconds"),
+                                ("metadata calls", "calls"), ("of which", "what")])
     lines += ["## 4. Shard indexes", "", "A shard of S samples (two members each) indexed from its tar headers:", ""]
     lines += _table(d["index"], [("samples", "S"), ("bytes a sample", "bytes_per_sample")])
+    ib = d.get("index_builds") or {}
+    if "built" in ib:
+        lines += ["", f"A real loader of {ib['W']} workers over {ib['S']} tar shards of {ib['samples']} samples with no "
+                  f"index files, one epoch of the default epoch shuffle (each worker reads its part of every shard, so "
+                  f"each needs every index): {ib['built']:,} indexes built ({ib['builds_per_shard']:.2f} a shard; "
+                  f"without sharing, {ib['W']} a shard), {ib['copied']:,} copied from the loader's shared index "
+                  f"memory (~20 ns a sample, against ~2.4 µs to parse a JSON index and ~20 µs to scan a tar's "
+                  f"headers); the epoch took {ib['seconds']:.1f} s with the workers' start. The index the trainer "
+                  f"reads at the start (the layout probe, `len()`) is one of those built.", ""]
     lines += ["## 5. The sidecar filling its cache", "",
               f"C tiny shards published one by one (slope over C: {slope(d['fill'], 'C', 'seconds') or 0:.2f}); a publish "
               f"appends one line to manifest.log, folded into manifest.json when the log has as many lines as it has "

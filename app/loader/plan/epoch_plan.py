@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ...formats.parquet import groups_of, row_group_bytes
-from ...formats.shard_index import ShardError, load_index
+from ...formats.shard_index import ShardError, SharedIndexes, load_index
 from ...formats.urls import is_parquet
 from .mixture import Mixture
 from .rank import Rank
@@ -253,13 +253,15 @@ class EpochPlan:
         """Shards this rank reads in the epoch."""
         return len(self.own_paths())
 
-    def batches(self, batch_size: int, drop_last: bool, counts: Mapping[str, int] | None = None) -> int:
+    def batches(self, batch_size: int, drop_last: bool, counts: Mapping[str, int] | None = None,
+                share: SharedIndexes | None = None) -> int:
         """Batches this rank yields in the epoch, from the shard indexes: without ``drop_last`` each worker's
         last, partial batch counts as one; samples skipped as corrupt would make it fewer.
 
         ``counts`` (samples per shard path, from a cache's manifest as the epoch started) win over the
         indexes: a shard the sidecar evicted since then still counts what the epoch planned, so a state
-        taken after the eviction never reads an unfinished epoch as finished.
+        taken after the eviction never reads an unfinished epoch as finished. An index read here is left in
+        ``share`` (the loader's): its workers copy it instead of parsing it again.
         """
         total = 0
         for shards, parts in zip(self.assignment, self.parts):
@@ -279,7 +281,7 @@ class EpochPlan:
                     count = len(groups)
                 else:
                     try:
-                        count = len(load_index(path).samples)
+                        count = len(load_index(path, share=share).samples)
                     except ShardError:
                         continue
                 members = part_indexes(path, count, part, groups)

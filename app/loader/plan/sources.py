@@ -12,7 +12,7 @@ from typing import Protocol
 
 from ...errors import SettingError
 from ...formats.compressed import Inflator
-from ...formats.shard_index import ShardError, load_index
+from ...formats.shard_index import ShardError, SharedIndexes, load_index
 from ...formats.urls import RULES, ShardListError, expand, is_pipe, is_remote, local_shards, redact
 from ..errors import LoaderError
 from .mixture import Mixture, Source, mix_epoch
@@ -62,6 +62,7 @@ class PathSource:
     def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike], decompress_dir: str | None = None,
                  member_bound: int | None = None):
         self.inflator = Inflator(decompress_dir or default_decompress_dir(), member_bound=member_bound)
+        self._counts: dict[str, int] = {}
         try:
             self.names = expand(shards)
         except ValueError as exc:
@@ -76,17 +77,25 @@ class PathSource:
                                          f"of its own; or run one (feedline sample --source URL --cache DIR) and "
                                          f"read its cache with cache=DIR")
 
+    @property
+    def counts(self) -> dict[str, int]:
+        """Samples per shard of the last snapshot where its listing gave them (a wids shard index): the plan's
+        counts and a mixture's draw need no shard's index then."""
+        return self._counts
+
     def snapshot(self) -> list[str]:
         try:
-            listed = [e.url for e in local_shards(self.names)]
+            entries = local_shards(self.names)
         except ShardListError as exc:
             raise SettingError("shards", str(exc)) from None
         try:
-            return self.inflator.plain(listed)
+            plain = self.inflator.plain([e.url for e in entries])
         except OSError as exc:
             raise SettingError("decompress_dir", f"cannot keep plain copies of the compressed shards in "
                                                  f"{self.inflator.directory}: {exc}; free room there or set "
                                                  f"decompress_dir") from None
+        self._counts = {path: e.samples for path, e in zip(plain, entries) if e.samples is not None}
+        return plain
 
     def wait_for(self, min_shards: int, timeout: float) -> list[str]:
         shards = self.snapshot()
@@ -106,6 +115,22 @@ class PathSource:
     def describe(self) -> str:
         shown = ", ".join(self.names[:3])
         return shown + (f" and {len(self.names) - 3} more" if len(self.names) > 3 else "")
+
+
+def check_counts(counts: dict[str, int], paths: Sequence[str], share: SharedIndexes | None = None) -> None:
+    """The sample counts a listing gave, checked against the indexes of ``paths`` (the shards the start's probe
+    read: no index more): a stale listing would plan an epoch the shards do not hold."""
+    for path in paths:
+        if path not in counts:
+            continue
+        try:
+            held = len(load_index(path, share=share).samples)
+        except ShardError:
+            continue  # unreadable: the workers skip and count it
+        if held != counts[path]:
+            raise SettingError("shards", f"{path} holds {held} samples, but its listing says {counts[path]}: the "
+                                         f"shard index (shardindex.json) is out of date; write it again "
+                                         f"(`widsindex create`) or name the shards themselves")
 
 
 class MixedSource:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ...formats.parquet import RECORD, groups_of, row_group_bytes
-from ...formats.shard_index import Sample, ShardError, load_index
+from ...formats.shard_index import Sample, ShardError, SharedIndexes, load_index
 from ...formats.urls import is_parquet
 from .epoch_plan import part_indexes, split_groups
 
@@ -97,7 +97,7 @@ def open_ahead(shards: list[str] | tuple[str, ...], on_open: Callable[[int], Non
     return fds
 
 
-def _open(path: str, ordinal: int, fd: int | None) -> OpenShard | ShardProblem:
+def _open(path: str, ordinal: int, fd: int | None, share: SharedIndexes | None = None) -> OpenShard | ShardProblem:
     if fd is None:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -106,7 +106,7 @@ def _open(path: str, ordinal: int, fd: int | None) -> OpenShard | ShardProblem:
         except OSError as exc:
             return ShardProblem(path, "bad_shard", f"shard {path}: cannot open: {exc.strerror}; skipped")
     try:
-        index = load_index(path, fd)
+        index = load_index(path, fd, share)
         mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if index.shard_bytes else None
     except ShardError as exc:
         return ShardProblem(path, "bad_shard", f"{exc}; skipped")
@@ -210,7 +210,7 @@ def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: s
                   fds: dict[str, int] | None = None, on_open: Callable[[int], None] | None = None,
                   skip: Mapping[int, Collection[int]] | None = None,
                   parts: Mapping[int, tuple[int, int]] | None = None,
-                  block: int = 0) -> Iterator[SampleRef | ShardProblem]:
+                  block: int = 0, share: SharedIndexes | None = None) -> Iterator[SampleRef | ShardProblem]:
     """Shards in the given order, samples through a seeded shuffle buffer of ``buffer_size`` — or, with ``block``,
     ``block`` shards at a time in a seeded permutation (``block_order``).
 
@@ -218,6 +218,7 @@ def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: s
     ``on_open(ordinal)`` is told before each shard is opened (a hung filesystem hangs there).
     ``skip`` leaves out, per shard ordinal, the sample indexes delivered before an elastic resume;
     ``parts`` keeps, per shard ordinal split between workers, the indexes ``i % n == k`` of its ``(k, n)``.
+    ``share``: the loader's indexes, each built by one of its processes (``workers/index_share.py``).
     """
     fds = fds if fds is not None else {}
     skip = skip or {}
@@ -227,7 +228,7 @@ def sample_stream(shards: list[str] | tuple[str, ...], buffer_size: int, seed: s
         for ordinal, path in enumerate(shards):
             if on_open is not None:
                 on_open(ordinal)
-            opened = _open(path, ordinal, fds.pop(path, None))
+            opened = _open(path, ordinal, fds.pop(path, None), share)
             k, n = parts.get(ordinal, (0, 1))
             if isinstance(opened, ShardProblem):
                 yield opened if k == 0 else []  # a shard read in parts is one problem: part 0's worker counts it

@@ -29,7 +29,7 @@ from ...errors import SettingError
 from ...formats import parquet, tfrecord
 from ...formats.bounds import DecodeError, MemberTooLarge
 from ...formats.decoders import Decoder, UnsafeMemberError
-from ...formats.shard_index import ShardError, load_index
+from ...formats.shard_index import ShardError, SharedIndexes, load_index
 from ..layout.sample import FieldSelection, Transform, load_sample
 from ..layout.side import DEFAULT_SIDE_BYTES, KEY_ONLY_SIDE_BYTES, encode
 from ..layout.spec import SampleRejected, Spec, fill
@@ -70,7 +70,7 @@ def allowed_refusals(max_errors: float, indexed: int) -> int:
 
 
 def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted: set[str] | None,
-          transform: Transform | None, max_errors: float = 0.0) -> Probe:
+          transform: Transform | None, max_errors: float = 0.0, share: SharedIndexes | None = None) -> Probe:
     """Decode (and transform) the first samples of the first shards, as a worker would; while none of them reads,
     the next ones in turn, as long as the failure budget (``max_errors``) would let the epoch go on."""
     found = Probe()
@@ -87,7 +87,7 @@ def probe(shards: list[str], decoder: Decoder, selection: FieldSelection, wanted
         for path in sorted(shards)[:PROBE_SHARDS]:
             found.shards += 1
             try:
-                index = load_index(path)
+                index = load_index(path, share=share)  # left there: the workers copy it
             except ShardError as exc:
                 found.bad_shards.append(str(exc))
                 continue
@@ -176,7 +176,8 @@ def _capacities(found: Probe, selection: FieldSelection, transform: Transform | 
 
 
 def probe_spec(spec: Spec | Mapping[str, Any] | None, shards: list[str], describe: str,
-               code: "WorkerCode", max_errors: float = 0.0) -> tuple[Spec, list[dict[str, Any]]]:
+               code: "WorkerCode", max_errors: float = 0.0,
+               share: SharedIndexes | None = None) -> tuple[Spec, list[dict[str, Any]]]:
     """The batch layout, from a copy of the user's code (as a worker gets it) run on the first samples.
 
     The user's own transform object is never called here, and the training script's ``random`` and
@@ -184,7 +185,7 @@ def probe_spec(spec: Spec | Mapping[str, Any] | None, shards: list[str], describ
     """
     py_state, np_state = random.getstate(), np.random.get_state()
     try:
-        return resolve_spec(spec, shards, describe, code.decoder, code.selection, code.transform, max_errors)
+        return resolve_spec(spec, shards, describe, code.decoder, code.selection, code.transform, max_errors, share)
     finally:
         random.setstate(py_state)
         np.random.set_state(np_state)
@@ -192,7 +193,7 @@ def probe_spec(spec: Spec | Mapping[str, Any] | None, shards: list[str], describ
 
 def resolve_spec(spec: Spec | Mapping[str, Any] | None, shards: list[str], describe: str, decoder: Decoder,
                  selection: FieldSelection, transform: Transform | None,
-                 max_errors: float = 0.0) -> tuple[Spec, list[dict[str, Any]]]:
+                 max_errors: float = 0.0, share: SharedIndexes | None = None) -> tuple[Spec, list[dict[str, Any]]]:
     """(the declared spec checked against the data, or one inferred from it; the samples probed). ``max_errors``
     is the epoch's failure budget: the probe tries as many samples as it would let go unread."""
     declared = Spec.parse(spec) if spec is not None else None
@@ -201,7 +202,7 @@ def resolve_spec(spec: Spec | Mapping[str, Any] | None, shards: list[str], descr
             return declared, []
         raise SettingError("spec", "the cache holds no shard yet to infer the batch layout from; pass spec=")
     wanted = declared.sources if declared is not None and transform is None else None
-    found = probe(shards, decoder, selection, wanted, transform, max_errors)
+    found = probe(shards, decoder, selection, wanted, transform, max_errors, share)
     if not found.samples:
         if declared is not None:
             return declared, []

@@ -53,6 +53,8 @@ class Supervisor:
         self.last_progress = time.monotonic()  # a message from a worker, or a change in the status table
         self._launcher = launcher
         self._setup = setup
+        indexes = setup.get("indexes")  # the trainer's descriptors a worker inherits: the ring's, the shared indexes'
+        self._shared_fds = [ring.memory.fd, *([int(indexes["fd"])] if indexes else [])]
         self.worker_timeout = worker_timeout
         self._on_restart = on_restart
         self._procs = [Place(i) for i in range(workers)]
@@ -282,7 +284,7 @@ class Supervisor:
     def _spawn(self, p: Place) -> None:
         self._ring.status[p.index] = (-1, -1, -1, -1)
         self._beat.beat(f"starting worker {p.index}")
-        proc, conn, stack_r = self._launcher.start(p.index, self._setup, [self._ring.memory.fd], self.held.fds,
+        proc, conn, stack_r = self._launcher.start(p.index, self._setup, self._shared_fds, self.held.fds,
                                                    self._cpus_of(p.index) if self._cpus_of is not None else ())
         self._beat.beat()
         p.process, p.conn, p.stack_r = proc, conn, stack_r

@@ -32,6 +32,7 @@ from ..plan.epoch_plan import WorkerPlan
 from ..plan.seeding import reseed, sample_seed
 from ..plan.stream import SampleRef, ShardProblem, open_ahead, sample_stream
 from ..ring.batch_ring import IDLE, OPENING, SKIPPING, STATUS_KEY_BYTES, BatchRing, RingHandle
+from .index_share import IndexShare
 from .messages import (
     DONE,
     END,
@@ -74,16 +75,19 @@ class WorkerSetup:
     shuffle_block: int = 0  # > 0: the epoch shuffle, this many shards permuted at once (stream.block_order)
     remote: dict[str, Any] | None = None  # a RemoteDecode's JSON (address resolved): remote/proxy.py
     remote_places: tuple[int, ...] = ()  # the worker places decoded by it
+    indexes: dict[str, Any] | None = None  # the loader's shared shard indexes (index_share.py), or None
 
     def to_json(self) -> dict[str, Any]:
         return {"ring": self.ring.to_json(), "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last,
                 "log_level": self.log_level, "shuffle_block": self.shuffle_block, "remote": self.remote,
-                "remote_places": list(self.remote_places)}
+                "remote_places": list(self.remote_places), "indexes": self.indexes}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "WorkerSetup":
         return cls(RingHandle.from_json(d["ring"]), d["shuffle_buffer"], d["drop_last"], d["log_level"],
-                   int(d.get("shuffle_block", 0)), d.get("remote"), tuple(d.get("remote_places", ())))
+                   int(d.get("shuffle_block", 0)), d.get("remote"), tuple(d.get("remote_places", ())),
+                   d.get("indexes"))
+
 
 
 @dataclass
@@ -102,7 +106,7 @@ class _Epoch:
     """One epoch's stream and the counters of the batch being filled."""
 
     def __init__(self, plan: WorkerPlan, shuffle_buffer: int, status: np.ndarray,
-                 inherited: dict[str, int] | None = None, block: int = 0):
+                 inherited: dict[str, int] | None = None, block: int = 0, indexes: IndexShare | None = None):
         self.epoch = plan.run  # the token fills and results carry: a restarted epoch has a new one
         self.seed, self.number = plan.seed, plan.epoch  # with the sample: what its random draws are seeded from
         self.poison = set(plan.poison)
@@ -112,7 +116,8 @@ class _Epoch:
         seed = plan.stream_seed
         self.fds = open_ahead(plan.shards, self._opening, inherited)
         self.stream: Iterator[SampleRef | ShardProblem] = sample_stream(plan.shards, shuffle_buffer, seed, self.fds,
-                                                                         self._opening, plan.skip, plan.parts, block)
+                                                                         self._opening, plan.skip, plan.parts, block,
+                                                                         indexes)
         self.pos = 0  # samples consumed
         self.done = False
         self.logged: dict[str, int] = {}
@@ -157,6 +162,7 @@ class Worker:
         self.args = args
         self.setup, self.code = args.setup, args.code
         self.ring: BatchRing = args.setup.ring.attach()
+        self.indexes = IndexShare.attach(args.setup.indexes) if args.setup.indexes else None
         self.status = self.ring.status[args.worker_id]
         self.status_key = self.ring.status_keys[args.worker_id]
         self.writer = SampleWriter(self.ring.layout, args.code)
@@ -207,7 +213,7 @@ class Worker:
         if self.epoch is not None:
             self.epoch.close()
         self.epoch = _Epoch(decode_epoch(msg), self.setup.shuffle_buffer, self.status, self.inherited,
-                            self.setup.shuffle_block)
+                            self.setup.shuffle_block, self.indexes)
         self._drop_inherited()  # what they were for is open now (dups), or another epoch's
 
     def _result(self, kind: bytes, epoch: int, slot: int, batch: int, n: int, errors: list[int],
