@@ -17,8 +17,9 @@ curve of smaller sizes where it cannot.
 **What is simulated**: one rank's `state_dict` mid-epoch (the loader's own `make_state`, a cache's sample counts,
 the skip lists an elastic resume leaves); one rank's epoch start over a folder of S real tiny tar shards in
 `/dev/shm` (the source's listing, the plan, the batch count `len()` asks for), with each `stat`, directory read
-and file opened counted, since on a shared filesystem each is a round trip to its metadata server; a shard index
-of real tar headers (`load_index`), its memory measured with `tracemalloc`; the sidecar's `CacheStore.publish`
+and file opened counted, since on a shared filesystem each is a round trip to its metadata server, and the same
+for a two-source mixture (its draw); a shard index of real tar headers (`load_index`), its memory measured with
+`tracemalloc`, and a real loader of W worker processes counting how often each index was built; the sidecar's `CacheStore.publish`
 filling a cache of C tiny shards on tmpfs (fsyncs included); an elastic resume R -> R/2 of an epoch half
 delivered, for one rank of the new run (`plan_resume`), its time and the most memory it allocates (traced with
 `tracemalloc`, in a second run); a rank's state as a checkpoint's gather holds it, the shard list by its digest
@@ -27,7 +28,11 @@ in a process of its own.
 
 **What is not**: real ranks (one rank's share is computed; every rank does the same), a shared filesystem's
 latency (calls are counted, not timed there), the network of a gather (sizes are computed: a rank's state times
-R, and the shard names once), a real store's listing, and decoding. A curve's **slope** is its log-log slope: 1 grows with the size, 2 with
+R, and the shard names once), a real store's listing, and decoding. Not yet built: compressed `shards=`
+(`.tar.gz`, `.tar.zst`) are still decompressed whole by every rank into `decompress_dir` (once a host and run:
+later runs reuse the copies), and a mixture of sources given without counts (shard files, not a
+`shardindex.json` or a cache) still reads every shard's index on every rank at each epoch start (section 3's
+mixture table: "the shards"). A curve's **slope** is its log-log slope: 1 grows with the size, 2 with
 its square. A figure marked *curve extended* is the largest point carried to the target along that slope.
 """
 
