@@ -108,3 +108,16 @@ def test_a_remote_wids_index_names_remote_shards_beside_it():
     with pytest.raises(ShardListError, match="a remote index names remote shards only"):
         parse_index(json.dumps({"wids_version": 1, "shardlist": [{"url": "file:///etc/x.tar", "nsamples": 1}]}),
                     "https://host/data/shardindex.json")
+
+
+def test_feedline_trains_progress_total_is_the_ranks_own_samples_from_the_listing(tmp_path):
+    from app.loader.plan.rank import Rank
+    from app.trainer.train import epoch_samples
+
+    index = _listed(str(tmp_path / "d"), shards=5, per_shard=10)
+    with StagingLoader(index, batch_size=5, workers=1, spec=SPEC, device="cpu", rank=Rank(1, 2)) as loader:
+        it = iter(loader)
+        ids = [int(i) for i in next(it)["cls"]]
+        total = epoch_samples(loader)
+        ids += [int(i) for b in it for i in b["cls"]]
+    assert total == len(ids) and len(ids) in (20, 30)  # its own 2 or 3 shards of 10, not half of all 50
