@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from app.formats.sample_index import SampleTable, SampleTableBuilder, ShardIndex
+from app.formats.sample_index import SampleTable, SampleTableBuilder, ShardError, ShardIndex
 from app.formats.shard_index import load_index
 from app.loader.loader import StagingLoader
 from app.loader.workers.index_share import IndexShare
@@ -155,3 +155,45 @@ def test_a_closed_loader_holds_no_shared_index_memory(tmp_path):
     assert len(_feedline_fds()) == len(before) + 1
     loader.close()
     assert _feedline_fds() == before
+
+
+def test_an_index_too_large_to_share_is_marked_so_the_others_build_it_without_waiting(tmp_path):
+    path = id_shards(str(tmp_path), shards=1, per_shard=50)[0]
+    with IndexShare.create(capacity=256) as share:  # room for the header and a mark, not for the table
+        assert len(load_index(path, share=share).samples) == 50
+        assert share.find(_identity(path)) is False and share.counts() == (0, 0)
+
+
+def test_an_unreadable_shard_is_marked_so_the_others_do_not_wait_to_fail_in_turn(tmp_path):
+    path = str(tmp_path / "cut.tar")
+    with open(path, "wb") as f:
+        f.write(b"not a tar at all" * 40)
+    with IndexShare.create() as share:
+        with pytest.raises(ShardError):
+            load_index(path, share=share)
+        assert share.find(_identity(path)) is False
+
+
+def test_a_share_that_fails_is_no_error_the_index_is_built_where_needed(tmp_path):
+    path = id_shards(str(tmp_path), shards=1, per_shard=5)[0]
+    share = IndexShare.create()
+    broken = IndexShare(os.dup(share.fd), share.capacity, owner=True)
+    os.close(broken.fd)  # every lock and read on it fails (EBADF)
+    share.close()
+    assert len(load_index(path, share=broken).samples) == 5
+
+
+def test_an_index_read_before_without_the_share_is_left_there_when_read_with_it(tmp_path):
+    path = id_shards(str(tmp_path), shards=1, per_shard=5)[0]
+    load_index(path)  # a mixture's count, say: kept by this process
+    with IndexShare.create() as share:
+        load_index(path, share=share)
+        found = share.find(_identity(path))
+        assert found is not None and found is not False and len(found.samples) == 5
+
+
+def test_a_worker_does_not_pass_the_shared_memory_on_to_processes_it_starts():
+    with IndexShare.create() as share:
+        os.set_inheritable(share.fd, True)  # as a spawned worker gets it
+        IndexShare.attach(share.to_json())
+        assert not os.get_inheritable(share.fd)

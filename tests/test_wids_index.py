@@ -3,16 +3,17 @@ counts it gives, so the plan and a mixture's draw read no index of a shard the r
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from app.errors import SettingError
+from app.formats import shard_index
 from app.formats.urls import ShardListError, local_shards, parse_index
 from app.loader.loader import StagingLoader
 from app.loader.plan.mixture import Source
+from app.loader.plan.rank import Rank
 
 from helpers import id_shards
 
@@ -46,28 +47,60 @@ def test_widsindex_output_names_its_shards_with_their_sample_counts(tmp_path):
     assert [e.samples for e in entries] == [7, 7, 7] and all(e.size == 20480 for e in entries)
 
 
-def test_a_loader_plans_from_the_listed_counts_without_reading_every_index(tmp_path):
-    index = _listed(str(tmp_path / "d"), shards=12, per_shard=10)
-    with StagingLoader(index, batch_size=8, workers=2, spec=SPEC, device="cpu") as loader:
-        assert len(loader) == 16  # 2 workers x 60 samples, 8 a batch
-        read_here, _ = loader._pipeline.indexes.counts()
-        assert read_here < 12  # only the start's probe read indexes; the count came from the listing
-        assert _ids(loader) == list(range(120))
-    shutil.copytree(tmp_path / "d", tmp_path / "e")  # new files: none of their indexes read in this process yet
-    with StagingLoader(str(tmp_path / "e"), batch_size=8, workers=2, spec=SPEC, device="cpu") as folder:
-        assert len(folder) == 16 and folder._pipeline.indexes.counts()[0] == 12  # the folder: every index read
+def test_a_rank_reads_the_indexes_of_its_own_shards_only(tmp_path):
+    ids = []
+    for r in range(2):
+        index = _listed(str(tmp_path / f"rank-{r}"), shards=24, per_shard=10)  # (files new to this process)
+        with StagingLoader(index, batch_size=8, workers=2, spec=SPEC, device="cpu", rank=Rank(r, 2)) as loader:
+            assert len(loader) == 16  # 2 workers x 60 samples, 8 a batch
+            own = loader._next_plan().own_paths()
+            probed = set(sorted(str(p) for p in (tmp_path / f"rank-{r}").glob("*.tar"))[:8])
+            assert own <= _read_here(tmp_path / f"rank-{r}") <= own | probed  # checked against the listing
+            ids += _ids(loader)
+    assert sorted(ids) == list(range(240))  # the two ranks: every sample once
 
 
-def test_a_mixture_of_listed_sources_draws_from_their_counts(tmp_path):
-    web = _listed(str(tmp_path / "web"), shards=10, per_shard=10)
-    curated = _listed(str(tmp_path / "curated"), shards=10, per_shard=10, first_id=1000)
-    sources = [Source("web", shards=web, weight=0.5), Source("curated", shards=curated, weight=0.5)]
-    with StagingLoader(sources=sources, batch_size=10, workers=1, spec=SPEC, device="cpu", seed=3) as loader:
-        assert len(loader) == 20
-        assert loader._pipeline.indexes.counts()[0] < 20  # the draw read none; the probe its first shards
-        ids = _ids(loader)
-    assert len(ids) == 200 and len(set(ids)) == 200
-    assert sum(i < 1000 for i in ids) == 100
+def _mixture(tmp_path, listed: bool) -> list[Source]:
+    web = _listed(str(tmp_path / "web"), shards=20, per_shard=5)
+    curated = _listed(str(tmp_path / "curated"), shards=20, per_shard=5, first_id=1000)
+    if not listed:
+        web, curated = os.path.dirname(web), os.path.dirname(curated)
+    return [Source("web", shards=web, weight=0.5), Source("curated", shards=curated, weight=0.5)]
+
+
+def _read_here(root) -> set[str]:
+    """The shards under ``root`` whose indexes this process read (``load_index`` keeps them)."""
+    return {key[0] for key in shard_index._MEMO._kept if key[0].startswith(str(root))}
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_a_mixtures_draw_reads_no_index_of_other_ranks_shards_when_its_sources_are_listed(tmp_path, listed):
+    ids = []
+    for r in range(2):
+        run = tmp_path / f"rank-{r}"  # new files for each rank: none of their indexes read in this process yet
+        with StagingLoader(sources=_mixture(run, listed), batch_size=5, workers=1, spec=SPEC, device="cpu",
+                           seed=3, rank=Rank(r, 2)) as loader:
+            assert len(loader) == 20
+            read = _read_here(run)
+            own = {p for p in loader._next_plan().own_paths()}
+            ids += _ids(loader)
+        if listed:  # its own shards, and the first ones the start's probe reads: not the 40 of both sources
+            probed = set(sorted(str(p) for p in run.glob("*/*.tar"))[:8])
+            assert own <= read <= own | probed and len(read) < 40
+        else:
+            assert len(read) == 40  # the draw counted every shard of both sources
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 200 and sum(i < 1000 for i in ids) == 100
+
+
+def test_a_listing_out_of_date_past_the_first_shards_is_refused_before_an_epoch_reads_it(tmp_path):
+    index = _listed(str(tmp_path / "d"), shards=12, per_shard=5)
+    doc = json.loads(open(index).read())
+    doc["shardlist"][11]["nsamples"] = 6  # past the 8 shards the start reads
+    with open(index, "w") as f:
+        json.dump(doc, f)
+    with StagingLoader(index, batch_size=5, workers=1, spec=SPEC, device="cpu") as loader:
+        with pytest.raises(SettingError, match=r"ids-0011.tar holds 5 samples, but its listing says 6"):
+            next(iter(loader))
 
 
 def test_a_stale_listing_is_refused_naming_the_shard_and_the_fix(tmp_path):
@@ -80,13 +113,19 @@ def test_a_stale_listing_is_refused_naming_the_shard_and_the_fix(tmp_path):
         StagingLoader(index, batch_size=8, workers=1, spec=SPEC, device="cpu")
 
 
-def test_a_listing_with_a_base_resolves_its_urls_against_it(tmp_path):
+@pytest.mark.parametrize("base", ["train/", "train", "file://{root}/data/train"])
+def test_a_listing_with_a_base_resolves_its_urls_against_that_folder(tmp_path, base):
     id_shards(str(tmp_path / "data" / "train"), shards=2, per_shard=3)
     index = tmp_path / "data" / "shardindex.json"
-    index.write_text(json.dumps({"wids_version": 1, "base": "train/", "shardlist": [
+    index.write_text(json.dumps({"wids_version": 1, "base": base.format(root=tmp_path), "shardlist": [
         {"url": "ids-0000.tar", "nsamples": 3}, {"url": "ids-0001.tar", "nsamples": 3}]}))
     entries = local_shards([str(index)])
     assert [e.url for e in entries] == [str(tmp_path / "data" / "train" / f"ids-{k:04d}.tar") for k in range(2)]
+
+
+def test_a_remote_listings_base_without_a_slash_is_a_folder():
+    text = json.dumps({"wids_version": 1, "base": "https://host/dir", "shardlist": [{"url": "a-0.tar", "nsamples": 1}]})
+    assert [e.url for e in parse_index(text, "https://host/x/shardindex.json")] == ["https://host/dir/a-0.tar"]
 
 
 @pytest.mark.parametrize("doc, says", [
@@ -105,13 +144,12 @@ def test_a_remote_wids_index_names_remote_shards_beside_it():
     text = json.dumps({"wids_version": 1, "shardlist": [{"url": "a-0.tar", "nsamples": 5}]})
     [entry] = parse_index(text, "https://host/data/shardindex.json")
     assert entry.url == "https://host/data/a-0.tar" and entry.samples == 5
-    with pytest.raises(ShardListError, match="a remote index names remote shards only"):
+    with pytest.raises(ShardListError, match=r"shardlist\[0\]: .* a remote index names remote shards only"):
         parse_index(json.dumps({"wids_version": 1, "shardlist": [{"url": "file:///etc/x.tar", "nsamples": 1}]}),
                     "https://host/data/shardindex.json")
 
 
 def test_feedline_trains_progress_total_is_the_ranks_own_samples_from_the_listing(tmp_path):
-    from app.loader.plan.rank import Rank
     from app.trainer.train import epoch_samples
 
     index = _listed(str(tmp_path / "d"), shards=5, per_shard=10)

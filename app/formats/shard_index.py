@@ -10,6 +10,7 @@ JSON next to the shard as ``<id>.idx`` for ``<id>.tar`` — never pickled.
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import os
 import re
@@ -17,12 +18,14 @@ import tarfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from . import listing, parquet, tar_headers, tfrecord
 from .files import atomic_write
 from .sample_index import (  # noqa: F401 (Sample: the loader imports it from here)
     MAX_SAMPLES, TOO_MANY, Sample, SampleTable, SampleTableBuilder, ShardError, ShardIndex)
+
+log = logging.getLogger("feedline.formats")
 
 INDEX_SUFFIX = ".idx"
 # A worker opens each of its shards again every epoch: the indexes it read or built are kept, up to this many samples
@@ -189,11 +192,14 @@ class SharedIndexes(Protocol):
     """Where the processes of one loader leave the indexes they built for each other (the loader's
     ``workers/index_share.py``), by the identity of the file."""
 
-    def find(self, identity: tuple[str, int, int, int, int, int]) -> ShardIndex | None: ...
+    def find(self, identity: tuple[str, int, int, int, int, int]) -> ShardIndex | bool | None:
+        """The index left for the file; False: it could not be (build it here); None: not yet."""
 
-    def building(self, identity: tuple[str, int, int, int, int, int]) -> contextlib.AbstractContextManager[None]: ...
+    def building(self, identity: tuple[str, int, int, int, int, int]) -> contextlib.AbstractContextManager[None]:
+        """Held while building it: the others wait for it."""
 
-    def put(self, identity: tuple[str, int, int, int, int, int], index: ShardIndex) -> None: ...
+    def put(self, identity: tuple[str, int, int, int, int, int], index: ShardIndex | None) -> None:
+        """Leave it (None: the mark that it is not shared)."""
 
 
 def load_index(path: str, fd: int | None = None, share: SharedIndexes | None = None) -> ShardIndex:
@@ -215,29 +221,48 @@ def load_index(path: str, fd: int | None = None, share: SharedIndexes | None = N
             raise ShardError(path, f"cannot read it: {exc.strerror or exc}") from None
         key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         index = _MEMO.get(key)
+        shared = share is not None and not parquet.is_parquet(path)
         if index is None:
-            if share is not None and not parquet.is_parquet(path):
-                index = _shared(share, key, lambda: _load_index(path, fd, st.st_size))
-            else:
-                index = _load_index(path, fd, st.st_size)
+            index = _shared(share, key, lambda: _load_index(path, fd, st.st_size)) if shared else \
+                _load_index(path, fd, st.st_size)
             _MEMO.put(key, index)
+        elif shared:  # read before without the share (a mixture's count, a replay): the others need not read it
+            _offer(share, key, index)
         return index
     finally:
         if own is not None:
             os.close(own)
 
 
-def _shared(share: SharedIndexes, identity: tuple[str, int, int, int, int, int],
+def _shared(share: Any, identity: tuple[str, int, int, int, int, int],
             load: Callable[[], ShardIndex]) -> ShardIndex:
-    """From ``share``, else built here (while another process of the loader waits for it) and left there."""
-    index = share.find(identity)
-    if index is None:
-        with share.building(identity):
-            index = share.find(identity)  # built by another while this one waited
-            if index is None:
-                index = load()
-                share.put(identity, index)
-    return index
+    """From ``share``, else built here (while another process of the loader waits for it) and left there; where
+    the share cannot help (it failed, or the index could not be left), built here as without it."""
+    try:
+        found = share.find(identity)
+        if found is None:
+            with share.building(identity):
+                found = share.find(identity)  # built by another while this one waited
+                if found is None:
+                    try:
+                        index = load()
+                    except ShardError:
+                        share.put(identity, None)  # the others find it unreadable at once, not one after another
+                        raise
+                    share.put(identity, index)
+                    return index
+    except OSError as exc:  # (a lock the kernel refused, a descriptor closed): no error of the shard's
+        log.debug("the shared index of %s: %s; building it here", identity[0], exc)
+        found = False
+    return found if isinstance(found, ShardIndex) else load()
+
+
+def _offer(share: Any, identity: tuple[str, int, int, int, int, int], index: ShardIndex) -> None:
+    """Leave an index this process had already read (without the share) where the others will look."""
+    try:
+        share.put(identity, index)  # (nothing written where it is there already)
+    except OSError as exc:
+        log.debug("the shared index of %s: %s", identity[0], exc)
 
 
 def _load_index(path: str, fd: int | None, size: int | None = None) -> ShardIndex:

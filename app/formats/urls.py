@@ -229,12 +229,12 @@ def shard_stem(name: str) -> str:
     return stem
 
 
-def _remote_entry(entry: str, base: str, lineno: int) -> str:
+def _remote_entry(entry: str, base: str, where: str) -> str:
     """An entry of a remote index as a URL: relative ones resolve against the index's own URL (``/x.tar`` on its
     host, ``x.tar`` beside it); another scheme (``file:``, ``pipe:``...) is refused by name."""
     scheme = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*):", entry)
     if scheme and not is_remote(entry):
-        raise ShardListError(f"index {redact(base)} line {lineno}: {redact(entry)!r} is a {scheme.group(1)}: entry; "
+        raise ShardListError(f"index {redact(base)} {where}: {redact(entry)!r} is a {scheme.group(1)}: entry; "
                              f"a remote index names remote shards only (http://, https://, s3://, or paths "
                              f"relative to the index)")
     if is_remote(entry):
@@ -246,10 +246,10 @@ def _remote_entry(entry: str, base: str, lineno: int) -> str:
     return urllib.parse.urljoin(base, entry)
 
 
-def _entry_url(entry: str, base: str, lineno: int) -> str:
-    """An index's entry as a URL or path: relative ones resolve against the index's location ``base``."""
+def _entry_url(entry: str, base: str, where: str) -> str:
+    """An index's entry (at ``where`` in it) as a URL or path: relative ones resolve against its location ``base``."""
     if is_remote(base):  # a remote index names remote shards only, never a file of this host
-        return _remote_entry(entry, base, lineno)
+        return _remote_entry(entry, base, where)
     url = _local_path(entry)
     if not is_remote(url) and not os.path.isabs(url):
         url = os.path.join(os.path.dirname(base), url)
@@ -264,13 +264,14 @@ def parse_index(text: str, base: str) -> list[IndexEntry]:
             listed = wids_index.parse(text)
         except ValueError as exc:
             raise ShardListError(f"index {redact(base)}: {exc}") from None
-        return [IndexEntry(_entry_url(e.url, base, i), "", e.size, e.samples) for i, e in enumerate(listed, 1)]
+        return [IndexEntry(_entry_url(e.url, base, f"shardlist[{i}]"), "", e.size, e.samples)
+                for i, e in enumerate(listed)]
     entries = []
     for lineno, line in enumerate(text.splitlines(), 1):
         parts = line.split("#", 1)[0].split()
         if not parts:
             continue
-        url = _entry_url(parts[0], base, lineno)
+        url = _entry_url(parts[0], base, f"line {lineno}")
         sha, size = "", None
         for extra in parts[1:]:
             if re.fullmatch(r"[0-9a-fA-F]{64}", extra):
@@ -310,7 +311,9 @@ def local_shards(names: Sequence[str]) -> list[IndexEntry]:
             found.extend(IndexEntry(p) for p in _shards_in(name))
         elif is_index(name) and os.path.isfile(name):
             with open(name) as f:
-                found.extend(parse_index(f.read(), os.path.abspath(name)))
+                entries = parse_index(f.read(), os.path.abspath(name))
+            _list_folders_of(entries)
+            found.extend(entries)
         elif is_shard(name):
             if os.path.exists(name) and not os.path.isfile(name):  # a FIFO, a device, a folder: never read
                 raise ShardListError(f"{name} is not a regular file; a local shard must be one")
@@ -342,6 +345,19 @@ def _listed_names(names: Sequence[str]) -> dict[str, os.DirEntry | None]:
             continue
         out.update((name, seen.get(os.path.basename(name))) for name in mine)
     return out
+
+
+def _list_folders_of(entries: Sequence[IndexEntry]) -> None:
+    """An index file's many local shards in a folder: that folder read once, so that the index files beside them
+    are known (``listing.index_absent``) and a rank reading its own shards' indexes pays no failed ``open`` each."""
+    by_folder: dict[str, int] = {}
+    for e in entries:
+        if not is_remote(e.url):
+            folder = os.path.dirname(e.url)
+            by_folder[folder] = by_folder.get(folder, 0) + 1
+    for folder, n in by_folder.items():
+        if n >= LIST_AT:
+            listing.read(folder)
 
 
 def _shards_in(pattern: str) -> list[str]:

@@ -11,7 +11,6 @@ URL with its sample count, so a listing gives the counts an epoch's plan needs w
 from __future__ import annotations
 
 import json
-import posixpath
 from typing import Any, NamedTuple
 
 FORMAT = ('a JSON shard list is a wids shard index: {"wids_version": 1, "shardlist": [{"url": ..., "nsamples": ...}, '
@@ -62,7 +61,7 @@ def parse(text: str) -> list[Listed]:
         if not isinstance(shard, dict) or not isinstance(shard.get("url"), str) or not shard["url"]:
             raise ValueError(f"{where} is not an object with a url; {FORMAT}")
         url = shard["url"]
-        if base and "://" not in url and not url.startswith("/"):
-            url = base + url if base.endswith("/") or "://" in base else posixpath.join(base, url)
+        if base and "://" not in url and not url.startswith("/"):  # a base is a folder, with or without its "/"
+            url = base.rstrip("/") + "/" + url
         out.append(Listed(url, _count(shard, "nsamples", where) or 0, _count(shard, "filesize", where)))
     return out

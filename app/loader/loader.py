@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -189,6 +189,7 @@ class StagingLoader:
         self._resume: Resume | None = None  # a loaded state, applied by the next iter()
         self._cursor: Cursor | None = None
         self._counts: dict[str, int] = {}  # samples per shard of this epoch, where the source knows them
+        self._checked: tuple[EpochPlan, EpochPlan] | None = None  # the last plan made readable, and the result
         self._closed = False
         self.plan: EpochPlan | None = None  # the current epoch's
         self._iterator: weakref.ref[EpochIterator] | None = None  # the current epoch's, to end with the ring
@@ -235,9 +236,11 @@ class StagingLoader:
                 decode, spec = worker_decode(decode, spec, s.device_decode, selection, s.max_member_bytes)
             p.launcher = Launcher(WorkerCode(Decoder(decode, max_member_bytes=s.max_member_bytes), selection,
                                                   transform))  # refused if unpicklable
-            self.spec, probed = probe_spec(spec, first, self.source.describe(), p.launcher.code(),
-                                           s.max_sample_errors, p.indexes)
-            check_counts(getattr(self.source, "counts", {}), sorted(first)[:PROBE_SHARDS], p.indexes)
+            probed_shards = sorted(first)[:PROBE_SHARDS]  # (a compressed one: its plain copy, made now)
+            files = self._local_files(probed_shards)
+            self.spec, probed = probe_spec(spec, [files.get(f, f) for f in probed_shards], self.source.describe(),
+                                           p.launcher.code(), s.max_sample_errors, p.indexes)
+            check_counts(self._listed(), probed_shards, p.indexes, files)
             if s.device_decode is not None:
                 self.spec = compressed_spec(self.spec, s.device_decode)
             layout = RingLayout(self.spec, s.batch_size, resolve_side_bytes(s.side_bytes, self.spec, probed),
@@ -359,7 +362,7 @@ class StagingLoader:
         if self._auto is not None and self._epochs.current >= 0:  # auto adjusts during the first epoch only
             self._stop_auto("the first epoch ended: its worker count stays")
         if resume is not None:
-            plan, first, delivered = resume.plan, resume.first, resume.delivered
+            plan, first, delivered = self._readable(resume.plan), resume.first, resume.delivered
         else:
             plan = self._next_plan()  # len() may have made it (and the ranks agreed on its batch count)
         self._planned = None
@@ -412,12 +415,12 @@ class StagingLoader:
         if self._cursor is None or self._cursor.finished or state["plan"] is None:
             return
         resume, _ = plan_resume(state, self._state_settings(), self.rank, self.source.snapshot(),
-                                self.source.growing, elastic=True)
+                                self.source.growing, elastic=True, local=self._local_file)
         if resume is not None:
-            self.plan = resume.plan
+            self.plan = self._readable(resume.plan)
             self._cursor.regrown(workers)
             self._cursor.expected = None  # another plan (no regrow under torch.distributed: no agreed count)
-            self._start_run(resume.plan, restart=True)
+            self._start_run(self.plan, restart=True)
 
     def _stop_auto(self, message: str | None) -> None:
         """Auto stops adjusting: the first epoch ended, or a state was loaded."""
@@ -440,16 +443,47 @@ class StagingLoader:
         """The plan of the epoch the next start reads, made once: ``len()`` before the epoch and the start agree."""
         p, epoch = self._planned, self._epochs.next
         if p is None or p.epoch != epoch or p.workers != self.settings.workers:
-            p = self._planned = self._plan_epoch(epoch)
+            p = self._planned = self._readable(self._plan_epoch(epoch))
         return p
+
+    def _local_files(self, paths: Collection[str]) -> dict[str, str]:
+        """The files ``paths`` are read from where they are not the shards themselves (compressed ones' plain
+        copies, made now where missing: ``PathSource.local_files``)."""
+        local = getattr(self.source, "local_files", None)
+        return local(paths) if local is not None else {}
+
+    def _local_file(self, path: str) -> str:
+        return self._local_files([path]).get(path, path)
+
+    def _listed(self) -> dict[str, int]:
+        """Samples per shard a listing gives (a wids shard index: ``PathSource.listed``)."""
+        return getattr(self.source, "listed", None) or {}
+
+    def _readable(self, plan: EpochPlan) -> EpochPlan:
+        """``plan`` with the files of the rank's own shards (a compressed shard's plain copy: each rank makes
+        those of its own shards, not of every shard), their listed counts checked against their indexes (read
+        here once, the workers copy them) before a worker reads a shard the plan counted wrong."""
+        if plan.files:
+            return plan
+        if self._checked is not None and self._checked[0] is plan:
+            return self._checked[1]
+        own = plan.own_paths()
+        files = self._local_files(own)
+        out = plan.reading(files) if files else plan
+        if self._listed():
+            pipeline = getattr(self, "_pipeline", None)
+            check_counts(self._listed(), sorted(own), pipeline.indexes if pipeline is not None else None, files)
+        self._checked = (plan, out)
+        return out
 
     def _batches(self, plan: EpochPlan) -> int:
         """``plan``'s batch count, its shards counted as the manifest had them when the epoch started (or now,
         for an epoch not yet started): the sidecar may evict them while the epoch runs."""
-        counts = self._counts if plan is self.plan else getattr(self.source, "counts", None)
+        counts = {**self._listed(), **(self._counts if plan is self.plan else getattr(self.source, "counts", None)
+                                       or {})}
         pipeline = getattr(self, "_pipeline", None)  # (none yet while the first plan is made)
-        return plan.batches(self.settings.batch_size, self.settings.drop_last, counts or None,
-                            pipeline.indexes if pipeline is not None else None)
+        return self._readable(plan).batches(self.settings.batch_size, self.settings.drop_last, counts or None,
+                                            pipeline.indexes if pipeline is not None else None)
 
     def _plan_epoch(self, epoch: int) -> EpochPlan:
         s = self.settings
@@ -546,7 +580,7 @@ class StagingLoader:
             self.settings = self.settings.replace(workers=workers)
             elastic = elastic or isinstance(state, Mapping) and differing(state, self._state_settings()) == ["workers"]
         resume, next_epoch = plan_resume(state, self._state_settings(), self.rank, self.source.snapshot(),
-                                         self.source.growing, elastic)
+                                         self.source.growing, elastic, local=self._local_file)
         self._resume = resume
         self._planned = None
         self._epochs.load(next_epoch)

@@ -341,9 +341,9 @@ def epoch_samples(loader: StagingLoader) -> int | None:
 
     if plan is None:
         return None
-    counts = getattr(loader.source, "counts", None) or {}  # a manifest's or a listing's: no index read
+    counts = {**(getattr(loader.source, "listed", None) or {}), **(getattr(loader.source, "counts", None) or {})}
     try:  # the rank's own shards only: at 100,000 shards every rank reading every index would take minutes
-        return sum(counts[p] if p in counts else len(load_index(p).samples) for p in plan.own_paths())
+        return sum(counts[p] if p in counts else len(load_index(plan.file_of(p)).samples) for p in plan.own_paths())
     except ShardError:
         return None
 

@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if s <= 10**4:  # the shards themselves: every index read (the largest point is the curve's)
                 out["mixture_start"].append(_point("mixture_start", S=s, R=R, folder=folder, listed=False))
             shutil.rmtree(folder)
+        out["compressed_start"] = [_point("compressed_start", S=s, R=R, folder=os.path.join(shm, f"gz-{s}"))
+                                   for s in ([10**3] if quick else [10**3, 10**4])]
         print("scale: shard indexes (memory a sample)", flush=True)
         out["index"] = [_point("index", S=s, folder=shm) for s in ([10**3, 10**4] if quick else [10**3, 10**4, 10**5])]
         print("scale: index builds (a real loader of W workers, the epoch shuffle)", flush=True)
@@ -129,6 +131,12 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
         add("3", f"a mixture's epoch start (sources listed with counts) < 5 s and <= {limit:.0f} metadata calls a "
                  f"rank at S = {m['S']:.0e}", f"{m['seconds']:.2f} s, {m['calls']:,} calls",
             m["seconds"] < 5 and m["calls"] <= limit)
+    cs = [r for r in out.get("compressed_start", []) if "error" not in r]
+    if cs:
+        c = max(cs, key=lambda r: r["S"])
+        add("3", "each rank decompresses only its own compressed shards", f"{c['copies']:,} plain copies made for "
+            f"its {c['rank_shards']:,} shards of {c['S']:,} (.tar.gz), {c['calls']:,} metadata calls, "
+            f"{c['seconds']:.2f} s", c["copies"] == c["rank_shards"])
     idx = max((r for r in out["index"] if "error" not in r), key=lambda r: r["S"])
     add("4", "a shard index <= 64 B a sample in memory", f"{idx['bytes_per_sample']:.0f} B",
         idx["bytes_per_sample"] <= 64)

@@ -7,6 +7,7 @@ Each runs the real planning, resume, index and cache code on made-up inputs (``m
   checkpoint's gather, and the shard names a checkpoint keeps once;
 - ``epoch_start``: one rank's epoch start over a folder of S real tiny shards (the source's listing, the plan, the
   batch count the loader asks for), its metadata calls counted;
+- ``compressed_start``: the same over S tiny ``.tar.gz`` shards: the plain copies a rank makes;
 - ``mixture_start``: the same for a two-source mixture (the draw needs every shard's count), listed or not;
 - ``index``: a shard index's memory a sample (``load_index`` of a real tar of S samples);
 - ``index_builds``: a real loader of W workers over S shards with no index files, one epoch: the builds a shard;
@@ -85,10 +86,11 @@ def epoch_start(S: int, R: int, folder: str) -> dict[str, Any]:
 
 def mixture_start(S: int, R: int, folder: str, listed: bool = True) -> dict[str, Any]:
     """One rank's epoch start of a two-source mixture over a folder's S shards (half each): the draw (which needs
-    every shard's count), the plan, the batch count; the sources given as webdataset shard indexes
-    (``shardindex.json``: the counts listed) or, with ``listed=False``, as the shards themselves."""
+    every shard's count), the plan, the listed counts of the rank's own shards checked against their indexes (as
+    the loader does), the batch count; the sources given as webdataset shard indexes (``shardindex.json``: the
+    counts listed) or, with ``listed=False``, as the shards themselves."""
     from ...loader.plan.mixture import Source
-    from ...loader.plan.sources import MixedSource, PathSource
+    from ...loader.plan.sources import MixedSource, PathSource, check_counts
 
     names = sorted(n for n in os.listdir(folder) if n.endswith(".tar"))
     halves = [names[: S // 2], names[S // 2:]]
@@ -108,11 +110,44 @@ def mixture_start(S: int, R: int, folder: str, listed: bool = True) -> dict[str,
         mixed = MixedSource([s.name for s in sources], [PathSource(s.shards) for s in sources])
         shards, mix = mixed.draw(sources, seed=0, epoch=0, shuffle=True)
         plan = EpochPlan.make(shards, epoch=0, seed=0, rank=rank, workers=W, mixture=mix, interleaved=True)
-        batches = plan.batches(BATCH, False, mixed.counts)
+        check_counts(mixed.listed, sorted(plan.own_paths()))  # the loader's check of its own shards' counts
+        batches = plan.batches(BATCH, False, {**mixed.listed, **mixed.counts})
         seconds = time.perf_counter() - t0
     assert len(shards) == S, (len(shards), S)
     return {"S": S, "listed": listed, "seconds": seconds, "calls": sum(calls.values()), "by_call": dict(calls),
             "rank_shards": plan.rank_shards, "batches": batches}
+
+
+def compressed_start(S: int, R: int, folder: str) -> dict[str, Any]:
+    """One rank's epoch start over S tiny ``.tar.gz`` shards: the listing, the plan, the plain copies of the rank's
+    own shards (``PathSource.local_files``), the batch count; the copies it made counted."""
+    import gzip
+
+    from ...loader.plan.sources import PathSource
+
+    gz = os.path.join(folder, "gz")
+    os.makedirs(gz, exist_ok=True)
+    data = gzip.compress(tar_bytes(1))
+    for i in range(S):
+        with open(os.path.join(gz, f"train-{i:06d}.tar.gz"), "wb") as f:
+            f.write(data)
+    copies = os.path.join(folder, "plain")
+    source = PathSource(gz, decompress_dir=copies)
+    rank = Rank(R // 2, R)
+    try:
+        with metadata_calls() as calls:
+            t0 = time.perf_counter()
+            shards = source.snapshot()
+            plan = EpochPlan.make(shards, epoch=0, seed=0, rank=rank, workers=W)
+            plan = plan.reading(source.local_files(plan.own_paths()))
+            batches = plan.batches(BATCH, False)
+            seconds = time.perf_counter() - t0
+        made = sum(1 for n in os.listdir(copies) if n.endswith(".tar")) if os.path.isdir(copies) else 0
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert len(shards) == S and (batches >= 1 or not plan.rank_shards)
+    return {"S": S, "seconds": seconds, "calls": sum(calls.values()), "by_call": dict(calls),
+            "rank_shards": plan.rank_shards, "copies": made}
 
 
 def index(S: int, folder: str) -> dict[str, Any]:
@@ -258,7 +293,7 @@ def agreement(R: int, state_bytes: int = 64 << 10) -> dict[str, Any]:
 
 
 POINTS = {"agreement": agreement, "ranks_over_shards": ranks_over_shards, "state": state, "epoch_start": epoch_start,
-          "mixture_start": mixture_start, "index": index, "index_builds": index_builds, "fill": fill,
+          "mixture_start": mixture_start, "compressed_start": compressed_start, "index": index, "index_builds": index_builds, "fill": fill,
           "elastic": elastic}
 
 

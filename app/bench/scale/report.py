@@ -28,11 +28,9 @@ in a process of its own.
 
 **What is not**: real ranks (one rank's share is computed; every rank does the same), a shared filesystem's
 latency (calls are counted, not timed there), the network of a gather (sizes are computed: a rank's state times
-R, and the shard names once), a real store's listing, and decoding. Not yet built: compressed `shards=`
-(`.tar.gz`, `.tar.zst`) are still decompressed whole by every rank into `decompress_dir` (once a host and run:
-later runs reuse the copies), and a mixture of sources given without counts (shard files, not a
-`shardindex.json` or a cache) still reads every shard's index on every rank at each epoch start (section 3's
-mixture table: "the shards"). A curve's **slope** is its log-log slope: 1 grows with the size, 2 with
+R, and the shard names once), a real store's listing, and decoding. Not built: a mixture of sources given
+without counts (shard files, not a `shardindex.json` or a cache) still reads every shard's index on every rank
+at each epoch start (section 3's mixture table: "the shards"; compressed ones are decompressed to be counted). A curve's **slope** is its log-log slope: 1 grows with the size, 2 with
 its square. A figure marked *curve extended* is the largest point carried to the target along that slope.
 """
 
@@ -106,6 +104,15 @@ def markdown(d: dict[str, Any]) -> str:
                   "(`shardindex.json`, the counts listed) or from every shard's index:", ""]
         lines += _table(mixed, [("S", "S"), ("sources given as", "given"), ("seconds", "seconds"),
                                 ("metadata calls", "calls"), ("of which", "what")])
+    packed = d.get("compressed_start") or []
+    if packed:
+        for r in packed:
+            if "by_call" in r:
+                r["what"] = ", ".join(f"{k} {v:,}" for k, v in sorted(r["by_call"].items()))
+        lines += ["", "The same rank over S tiny `.tar.gz` shards: every rank splits the same names, and each makes "
+                  "the plain copies (in `decompress_dir`) of the shards it reads:", ""]
+        lines += _table(packed, [("S", "S"), ("seconds", "seconds"), ("metadata calls", "calls"),
+                                 ("of which", "what"), ("its shards", "rank_shards"), ("plain copies made", "copies")])
     lines += ["## 4. Shard indexes", "", "A shard of S samples (two members each) indexed from its tar headers:", ""]
     lines += _table(d["index"], [("samples", "S"), ("bytes a sample", "bytes_per_sample")])
     ib = d.get("index_builds") or {}

@@ -15,6 +15,7 @@ decoded whole, so rows of one group in two workers would be decoded twice.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -218,6 +219,9 @@ class EpochPlan:
     skip: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # per entry: delivered before, or not drawn
     mixture: Mixture | None = None
     interleaved: bool = False  # the epoch shuffle: every worker reads its part of every shard (``interleave``)
+    # the files this rank's shards are read from where they are not the shards themselves: a compressed shard's
+    # plain copy (``PathSource.local_files``, made for the rank's own shards only); not part of the state
+    files: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     _groups: dict[str, Sequence[int] | None] = field(default_factory=dict, compare=False, repr=False)  # Parquet rows'
     _digest: list[str] = field(default_factory=list, compare=False, repr=False)
 
@@ -239,6 +243,14 @@ class EpochPlan:
     def path_of(self, entry: str) -> str:
         """The shard an entry reads."""
         return Mixture.entry(entry)[2] if self.mixture is not None else entry
+
+    def file_of(self, path: str) -> str:
+        """The file a shard is read from: its plain copy (``files``), or the shard itself."""
+        return self.files.get(path, path)
+
+    def reading(self, files: Mapping[str, str]) -> "EpochPlan":
+        """This plan with the files its rank's shards are read from (see ``files``)."""
+        return dataclasses.replace(self, files=dict(files), _groups={}, _digest=list(self._digest))
 
     def source_of(self, entry: str) -> str | None:
         """The name of the source an entry belongs to (None: not a mixture)."""
@@ -271,7 +283,7 @@ class EpochPlan:
                 groups = None
                 if part != WHOLE and is_parquet(path):  # split by row groups: which rows, from its index
                     try:
-                        groups = self._groups[path] if path in self._groups else row_groups_of(path)
+                        groups = self._groups[path] if path in self._groups else row_groups_of(self.file_of(path))
                         self._groups[path] = groups
                     except ShardError:
                         pass
@@ -281,7 +293,7 @@ class EpochPlan:
                     count = len(groups)
                 else:
                     try:
-                        count = len(load_index(path, share=share).samples)
+                        count = len(load_index(self.file_of(path), share=share).samples)
                     except ShardError:
                         continue
                 members = part_indexes(path, count, part, groups)
@@ -298,7 +310,8 @@ class EpochPlan:
         parts = {k: part for k, part in enumerate(self.parts[worker]) if part != WHOLE}
         labels = tuple(self.source_of(e) or "" for e in mine) if self.mixture is not None else ()
         repeats = tuple(Mixture.entry(e)[1] for e in mine) if self.mixture is not None else ()
-        return WorkerPlan(self.epoch, self.seed, self.rank.rank, worker, tuple(self.path_of(e) for e in mine),
+        return WorkerPlan(self.epoch, self.seed, self.rank.rank, worker,
+                          tuple(self.file_of(self.path_of(e)) for e in mine),
                           resume, tuple(sorted(poison)), skip, parts, run, labels, repeats)
 
     def describe(self) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -182,8 +182,10 @@ def _shard_changes(saved: Sequence[str], current: Sequence[str]) -> tuple[list[s
 
 
 def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], settings: Mapping[str, Any],
-                rank: Rank, current_shards: Sequence[str], growing: bool, elastic: bool) -> tuple[Resume | None, int]:
-    """(how the next epoch starts, or None for a fresh one; the number it gets) from saved state(s)."""
+                rank: Rank, current_shards: Sequence[str], growing: bool, elastic: bool,
+                local: Callable[[str], str] | None = None) -> tuple[Resume | None, int]:
+    """(how the next epoch starts, or None for a fresh one; the number it gets) from saved state(s). ``local``: the
+    file a shard is read from (a compressed one's plain copy, made when asked), for the samples a replay counts."""
     many = [states] if isinstance(states, Mapping) else list(states)
     if not many:
         raise SettingError("state", "no state was given")
@@ -237,7 +239,7 @@ def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], setting
     fresh = EpochPlan.make(saved, epoch=epoch, seed=int(settings["seed"]), rank=rank, workers=int(settings["workers"]),
                            shuffle=bool(settings["shuffle"]), mixture=mixture,
                            interleaved=int(settings.get("shuffle_block") or 0) > 0)
-    delivered = delivered_samples(many, frozenset(e for a in fresh.assignment for e in a))
+    delivered = delivered_samples(many, frozenset(e for a in fresh.assignment for e in a), local)
     count = sum(len(v) for v in delivered.values())
     log.info("resume of epoch %d by replay: %d samples of this rank's share were delivered before; the rest goes "
              "to its %d worker(s) (%d rank(s) in all)", epoch, count, settings["workers"], rank.world_size)
@@ -304,8 +306,8 @@ def _old_plans(states: Sequence[Mapping[str, Any]],
         yield st, EpochPlan.from_state(p, ordered)
 
 
-def delivered_samples(states: Sequence[Mapping[str, Any]],
-                      only: frozenset[str] | None = None) -> dict[str, set[int]]:
+def delivered_samples(states: Sequence[Mapping[str, Any]], only: frozenset[str] | None = None,
+                      local: Callable[[str], str] | None = None) -> dict[str, set[int]]:
     """Per plan entry (a shard; in a mixture, a shard in one pass), the sample indexes the interrupted run(s)
     delivered — or that the epoch's draw left out: replayed from the saved streams.
 
@@ -317,7 +319,7 @@ def delivered_samples(states: Sequence[Mapping[str, Any]],
     def samples_of(path: str) -> int:
         if path not in counts:
             try:
-                counts[path] = len(load_index(path).samples)
+                counts[path] = len(load_index(local(path) if local is not None else path).samples)
             except ShardError as exc:
                 log.warning("%s; its samples count as not delivered", exc)
                 counts[path] = 0

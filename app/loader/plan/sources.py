@@ -7,13 +7,13 @@ never asks which kind it has.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 from ...errors import SettingError
 from ...formats.compressed import Inflator
 from ...formats.shard_index import ShardError, SharedIndexes, load_index
-from ...formats.urls import RULES, ShardListError, expand, is_pipe, is_remote, local_shards, redact
+from ...formats.urls import RULES, ShardListError, compression, expand, is_pipe, is_remote, local_shards, redact
 from ..errors import LoaderError
 from .mixture import Mixture, Source, mix_epoch
 
@@ -78,24 +78,35 @@ class PathSource:
                                          f"read its cache with cache=DIR")
 
     @property
-    def counts(self) -> dict[str, int]:
+    def listed(self) -> dict[str, int]:
         """Samples per shard of the last snapshot where its listing gave them (a wids shard index): the plan's
-        counts and a mixture's draw need no shard's index then."""
+        counts and a mixture's draw need no shard's index then. Not a manifest's ``counts``: a listing is the
+        user's, checked against the shards a rank reads (``check_counts``), and never saved in a state."""
         return self._counts
 
     def snapshot(self) -> list[str]:
+        """The shards as named (a compressed one too: every rank splits the same names; each makes the plain
+        copies of its own only, ``local_files``)."""
         try:
             entries = local_shards(self.names)
         except ShardListError as exc:
             raise SettingError("shards", str(exc)) from None
+        self._counts = {e.url: e.samples for e in entries if e.samples is not None}
+        return [e.url for e in entries]
+
+    def local_files(self, paths: Collection[str]) -> dict[str, str]:
+        """The plain copy of each compressed shard of ``paths``, made now where missing (in ``decompress_dir``,
+        kept for later runs); one that does not decompress maps to itself, so the worker that reaches it skips
+        and counts it. A rank asks for its own shards (and those a start or resume reads), never the whole list."""
+        compressed = sorted({p for p in paths if compression(p) is not None})
+        if not compressed:
+            return {}
         try:
-            plain = self.inflator.plain([e.url for e in entries])
+            return dict(zip(compressed, self.inflator.plain(compressed)))
         except OSError as exc:
             raise SettingError("decompress_dir", f"cannot keep plain copies of the compressed shards in "
                                                  f"{self.inflator.directory}: {exc}; free room there or set "
                                                  f"decompress_dir") from None
-        self._counts = {path: e.samples for path, e in zip(plain, entries) if e.samples is not None}
-        return plain
 
     def wait_for(self, min_shards: int, timeout: float) -> list[str]:
         shards = self.snapshot()
@@ -117,20 +128,22 @@ class PathSource:
         return shown + (f" and {len(self.names) - 3} more" if len(self.names) > 3 else "")
 
 
-def check_counts(counts: dict[str, int], paths: Sequence[str], share: SharedIndexes | None = None) -> None:
+def check_counts(counts: dict[str, int], paths: Sequence[str], share: SharedIndexes | None = None,
+                 files: Mapping[str, str] | None = None) -> None:
     """The sample counts a listing gave, checked against the indexes of ``paths`` (the shards the start's probe
-    read: no index more): a stale listing would plan an epoch the shards do not hold."""
+    read, through their ``files``: no index more): a stale listing would plan an epoch the shards do not hold."""
     for path in paths:
         if path not in counts:
             continue
         try:
-            held = len(load_index(path, share=share).samples)
+            held = len(load_index((files or {}).get(path, path), share=share).samples)
         except ShardError:
             continue  # unreadable: the workers skip and count it
         if held != counts[path]:
             raise SettingError("shards", f"{path} holds {held} samples, but its listing says {counts[path]}: the "
-                                         f"shard index (shardindex.json) is out of date; write it again "
-                                         f"(`widsindex create`) or name the shards themselves")
+                                         f"shard index (shardindex.json) is out of date, or counts samples by other "
+                                         f"rules (a macOS '._' member, a member repeated in a sample); write it "
+                                         f"again (`widsindex create`), or name the shards themselves")
 
 
 class MixedSource:
@@ -158,9 +171,24 @@ class MixedSource:
         """Samples per shard where a source knows them (a cache's manifest)."""
         return {path: n for p in self.parts for path, n in getattr(p, "counts", {}).items()}
 
+    @property
+    def listed(self) -> dict[str, int]:
+        """Samples per shard where a source's listing gives them (``PathSource.listed``)."""
+        return {path: n for p in self.parts for path, n in getattr(p, "listed", {}).items()}
+
     def wait_for(self, min_shards: int, timeout: float) -> list[str]:
         self.last = [p.wait_for(min_shards, timeout) for p in self.parts]
         return sorted({path for shards in self.last for path in shards})
+
+    def local_files(self, paths: Collection[str]) -> dict[str, str]:
+        """Each source's plain copies of its compressed shards among ``paths`` (``PathSource.local_files``)."""
+        out: dict[str, str] = {}
+        wanted = set(paths)
+        for part, listed in zip(self.parts, self.last):
+            local = getattr(part, "local_files", None)
+            if local is not None:
+                out.update(local(wanted.intersection(listed)))
+        return out
 
     def epoch_started(self, rank: int, epoch: int, shards: Sequence[str]) -> None:
         for part in self.parts:  # each cache's sampler hears of its own shards (a cache keeps those under it)
@@ -178,12 +206,13 @@ class MixedSource:
         """(every source's shards, the epoch's draw from them): the samples per shard from a cache's manifest,
         else from the shard's index."""
         snapshots = self.snapshots()
-        known = self.counts
+        known = {**self.listed, **self.counts}
 
         def count(path: str) -> int:
             if path not in known:
-                try:
-                    known[path] = len(load_index(path).samples)
+                try:  # (a compressed shard is decompressed to be counted: give its source's counts instead)
+                    file = self.local_files([path]).get(path, path) if compression(path) is not None else path
+                    known[path] = len(load_index(file).samples)
                 except ShardError:
                     known[path] = 0  # unreadable: it gives nothing (and a worker reports it if it is drawn)
             return known[path]

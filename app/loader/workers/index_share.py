@@ -14,9 +14,13 @@ replaced is a new one) after a header (where the records end, a generation, two 
 a view, so when the next table does not fit, the region starts over (a new generation) with nothing to wait for.
 
 Locks are POSIX record locks on the memfd (held per process: the processes share the open file, not its locks;
-a process that dies lets go of its own): byte 0 guards the records, byte ``1 + k`` the building of the tables
-whose identity hashes to ``k``, so a process that needs an index another is building waits for it instead of
-building it too. A process holds at most one building lock, and takes byte 0 only briefly inside it: no cycle.
+a process that dies lets go of its own): byte 0 guards the records, byte ``1 + k`` the building of the table
+whose identity's digest is ``k`` (56 bits: no two shards share one), so a process that needs an index another is
+building waits for it instead of building it too. A process holds at most one building lock (its threads take
+turns), and takes byte 0 only briefly inside it: no cycle. A table that cannot be shared (larger than the
+region, or a shard that cannot be read) leaves a mark instead, so those waiting build it themselves at once;
+and a lock or a read that fails here (the kernel's deadlock check can be wrong about threads) is no error: the
+index is built where it is needed, as without the share (``shard_index._shared``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ CAPACITY = 32 << 20  # bytes of tables at most (~600,000 samples); pages are onl
 _HEADER = struct.Struct("<QQQQ")  # where the records end, the generation, tables built, tables copied
 _START = 64  # the first record
 _RECORD = struct.Struct("<Q16sQ")  # its length (all of it), the identity's digest, the shard's bytes; the table
-_BUILD_LOCKS = 4093
+_UNSHARED = (1 << 64) - 1  # the shard's bytes of a mark: no table follows (it could not be shared)
 
 Identity = tuple[str, int, int, int, int, int]  # path, device, inode, size, mtime_ns, ctime_ns
 
@@ -56,7 +60,8 @@ class IndexShare:
         self.fd = fd
         self.capacity = capacity
         self._owner = owner
-        self._lock = threading.Lock()  # POSIX locks are a process's: threads of one take turns here
+        self._lock = threading.Lock()  # POSIX locks are a process's: threads of one take turns here (byte 0)
+        self._building = threading.Lock()  # ... and here, for the building locks
         self._generation = -1
         self._scanned = _START  # records up to here are in ``_where``
         self._where: dict[bytes, tuple[int, int]] = {}  # digest -> (offset, length) of its record
@@ -74,15 +79,18 @@ class IndexShare:
 
     @classmethod
     def attach(cls, d: dict[str, Any]) -> "IndexShare":
-        """A worker's, from ``to_json`` on its command line (the descriptor inherited at its number)."""
-        return cls(int(d["fd"]), int(d["capacity"]), owner=False)
+        """A worker's, from ``to_json`` on its command line (the descriptor inherited at its number; not passed on
+        to a process the worker's own code starts, which would keep the memory after the loader closed)."""
+        fd = int(d["fd"])
+        os.set_inheritable(fd, False)
+        return cls(fd, int(d["capacity"]), owner=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"fd": self.fd, "capacity": self.capacity}
 
     @contextlib.contextmanager
     def _locked(self, byte: int = 0) -> Iterator[None]:
-        with self._lock if byte == 0 else contextlib.nullcontext():
+        with self._lock if byte == 0 else self._building:
             fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, byte)
             try:
                 yield
@@ -91,23 +99,31 @@ class IndexShare:
 
     def building(self, identity: Identity) -> contextlib.AbstractContextManager[None]:
         """Held while this process builds ``identity``'s index: another that needs it waits, then finds it."""
-        return self._locked(1 + int.from_bytes(_digest(identity)[:4], "little") % _BUILD_LOCKS)
+        return self._locked(1 + int.from_bytes(_digest(identity)[:7], "little"))
 
-    def find(self, identity: Identity) -> ShardIndex | None:
-        """A copy of the index another process left for this file, or None."""
+    def _scan(self) -> tuple[int, int, int, int]:
+        """(the header, read under byte 0) with every record up to its end noted in ``_where``."""
+        end, generation, built, copied = _HEADER.unpack(os.pread(self.fd, _HEADER.size, 0))
+        if generation != self._generation:  # started over since: what was read of it is gone
+            self._generation, self._scanned = generation, _START
+            self._where.clear()
+        while self._scanned < end:
+            length, seen, shard_bytes = _RECORD.unpack(os.pread(self.fd, _RECORD.size, self._scanned))
+            if length < _RECORD.size:  # (none is written: a bug) the rest is not read
+                raise OSError(f"a record of {length} bytes at {self._scanned}")
+            self._where[seen] = (self._scanned, length if shard_bytes != _UNSHARED else 0)
+            self._scanned += length
+        return end, generation, built, copied
+
+    def find(self, identity: Identity) -> ShardIndex | bool | None:
+        """A copy of the index another process left for this file; False where one could not leave it (build it
+        here); None where none has yet."""
         digest = _digest(identity)
         with self._locked():
-            end, generation, built, copied = _HEADER.unpack(os.pread(self.fd, _HEADER.size, 0))
-            if generation != self._generation:  # started over since: what was read of it is gone
-                self._generation, self._scanned = generation, _START
-                self._where.clear()
-            while self._scanned < end:
-                length, seen, _ = _RECORD.unpack(os.pread(self.fd, _RECORD.size, self._scanned))
-                self._where[seen] = (self._scanned, length)
-                self._scanned += length
+            end, generation, built, copied = self._scan()
             place = self._where.get(digest)
-            if place is None:
-                return None
+            if place is None or place[1] == 0:
+                return None if place is None else False
             data = os.pread(self.fd, place[1], place[0])
             os.pwrite(self.fd, _HEADER.pack(end, generation, built, copied + 1), 0)
         _, _, shard_bytes = _RECORD.unpack_from(data)
@@ -115,25 +131,29 @@ class IndexShare:
             table = SampleTable.from_bytes(memoryview(data)[_RECORD.size:])
         except ValueError as exc:  # (written by a process of this loader: a bug, not bad data) built anew
             log.warning("the shared index of %s does not read back (%s); building it here", identity[0], exc)
-            return None
+            return False
         return ShardIndex(identity[0], shard_bytes, table)
 
-    def put(self, identity: Identity, index: ShardIndex) -> None:
-        """Leave ``index`` for the others (a table of a tar or TFRecord shard; a Parquet file's footer is its own
-        index). Past the capacity the region starts over; a table larger than all of it is not shared."""
-        if not isinstance(index.samples, SampleTable):
-            return
-        table = index.samples.to_bytes()
-        record = _RECORD.pack(_RECORD.size + len(table), _digest(identity), index.shard_bytes) + table
-        if _START + len(record) > self.capacity:
-            return
+    def put(self, identity: Identity, index: ShardIndex | None) -> None:
+        """Leave ``index`` for the others (a table of a tar or TFRecord shard); None, a Parquet file's index (its
+        footer, read by each) or a table larger than the region leaves the mark that it is not shared. Past the
+        capacity the region starts over."""
+        digest = _digest(identity)
         with self._locked():
-            end, generation, built, copied = _HEADER.unpack(os.pread(self.fd, _HEADER.size, 0))
+            end, generation, built, copied = self._scan()
+            if digest in self._where:  # there already (left by another, or offered again: load_index's memo)
+                return
+            record = _RECORD.pack(_RECORD.size, digest, _UNSHARED)
+            if index is not None and isinstance(index.samples, SampleTable):
+                table = index.samples.to_bytes()
+                if _START + _RECORD.size + len(table) <= self.capacity:
+                    record = _RECORD.pack(_RECORD.size + len(table), digest, index.shard_bytes) + table
             if end + len(record) > self.capacity:
                 log.debug("the shared shard indexes are full (%d bytes): starting over", end)
                 end, generation = _START, generation + 1
             os.pwrite(self.fd, record, end)  # then the header: a process that dies in between left nothing
-            os.pwrite(self.fd, _HEADER.pack(end + len(record), generation, built + 1, copied), 0)
+            os.pwrite(self.fd, _HEADER.pack(end + len(record), generation, built + (len(record) > _RECORD.size),
+                                            copied), 0)
 
     def counts(self) -> tuple[int, int]:
         """(tables built and left here, tables copied from here) since the start: what the sharing saved."""

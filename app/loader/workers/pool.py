@@ -100,7 +100,8 @@ class WorkerPool(Dispatcher):
                 self._supervisor.add(plan.workers)
             self._scheduler.start_epoch(plan.epoch if run is None else run, first, delivered, plan.workers, restart)
             self._supervisor.new_epoch()  # stream positions that crashed a worker name other samples in a new split
-            self._supervisor.held.hold([plan.path_of(e) for mine in plan.assignment for e in mine[:EAGER_OPEN]])
+            self._supervisor.held.hold([plan.file_of(plan.path_of(e)) for mine in plan.assignment
+                                        for e in mine[:EAGER_OPEN]])
             self._plan = plan
             self._needs_plan = [True] * plan.workers
             self._cv.notify_all()
