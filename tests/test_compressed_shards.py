@@ -59,3 +59,29 @@ def test_an_elastic_resume_over_compressed_shards_delivers_every_sample_once(tmp
         loader.load_state_dict(states, elastic=True)
         rest = [int(i) for b in loader for i in b["cls"]]
     assert sorted(head + rest) == list(range(80))
+
+
+def test_a_start_refused_for_want_of_room_keeps_the_loaded_state_for_the_next(tmp_path):
+    import pytest
+
+    from app.errors import SettingError
+
+    shards = _gz_shards(str(tmp_path / "gz"), shards=4, per_shard=10)
+    with StagingLoader(shards, batch_size=5, workers=1, spec=SPEC, device="cpu", seed=2,
+                       decompress_dir=str(tmp_path / "first")) as loader:
+        it = iter(loader)
+        head = [int(i) for _ in range(3) for i in next(it)["cls"]]
+        state = json.loads(json.dumps(loader.state_dict()))
+    blocked = tmp_path / "second"
+    with StagingLoader(shards, batch_size=5, workers=1, spec=SPEC, device="cpu", seed=2,
+                       decompress_dir=str(blocked)) as loader:
+        loader.load_state_dict(state)
+        for p in blocked.iterdir():  # the probe's copies gone, and the folder a file: no copy can be made
+            p.unlink()
+        blocked.rmdir()
+        blocked.write_text("not a folder")
+        with pytest.raises(SettingError, match="decompress_dir"):
+            next(iter(loader))
+        blocked.unlink()  # room again: the same start goes on from the state
+        rest = [int(i) for b in loader for i in b["cls"]]
+    assert sorted(head + rest) == list(range(40))

@@ -249,7 +249,7 @@ def _shared(share: Any, identity: tuple[str, int, int, int, int, int],
                     except ShardError:
                         share.put(identity, None)  # the others find it unreadable at once, not one after another
                         raise
-                    share.put(identity, index)
+                    _offer(share, identity, index)  # (a failure there loses nothing: it is built)
                     return index
     except OSError as exc:  # (a lock the kernel refused, a descriptor closed): no error of the shard's
         log.debug("the shared index of %s: %s; building it here", identity[0], exc)

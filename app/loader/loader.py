@@ -357,13 +357,14 @@ class StagingLoader:
             raise LoaderError("the loader is closed")
         p = self._pipeline
         assert p.pool is not None and p.queue is not None
-        resume, self._resume = self._resume, None
+        resume = self._resume
         first = delivered = None
+        if resume is not None:  # (made readable first: a start refused there keeps the loaded state for the next)
+            plan, first, delivered = self._readable(resume.plan), resume.first, resume.delivered
+        self._resume = None
         if self._auto is not None and self._epochs.current >= 0:  # auto adjusts during the first epoch only
             self._stop_auto("the first epoch ended: its worker count stays")
-        if resume is not None:
-            plan, first, delivered = self._readable(resume.plan), resume.first, resume.delivered
-        else:
+        if resume is None:
             plan = self._next_plan()  # len() may have made it (and the ranks agreed on its batch count)
         self._planned = None
         self.plan = plan

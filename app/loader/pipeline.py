@@ -56,8 +56,9 @@ class Pipeline:
             self.kept.give_back_idle()
         elif isinstance(self.queue, DirectHandOff):  # zero-copy on a CPU host: next()'s views made ahead
             self.queue.restock()
-        stats.report_gauges(*self.gauges(slots))
-        stats.report_cost(cost.snapshot())
+        if stats.listens:  # (nobody listens: StagingLoader.stats() and cost() compute theirs when asked)
+            stats.report_gauges(*self.gauges(slots))
+            stats.report_cost(cost.snapshot())
 
     def gauges(self, slots: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
         """(queue depths, queue capacities, worker states) as they are now."""

@@ -135,6 +135,9 @@ class StatsRecorder:
         self._s = LoaderStats()
         self._window = StarvationWindow(window_seconds)
         self._sink: StatsSink = sink if sink is not None else NullSink()
+        # a sink that drops everything: what only it would get is not computed (the tick's gauges, the thread CPU
+        # times, each wait kept for it), which is most of the training process's CPU a second at a slow step
+        self.listens = not isinstance(self._sink, NullSink)
         self._cpu_pushed: dict[str, float] = {}  # trainer_cpu_seconds_total as last pushed, by thread
         self._pushed: dict[str, float] = {}  # the per-batch counters as last pushed (flush)
         self._waits: list[float] = []  # data waits observed since the last flush
@@ -152,7 +155,8 @@ class StatsRecorder:
             s = self._s
             s.data_wait_seconds_total += wait
             s.data_wait_seconds.observe(wait)
-            self._waits.append(wait)
+            if self.listens:
+                self._waits.append(wait)
             if step is not None:
                 s.step_seconds_total += step
             self._window.add(time.monotonic(), wait, step or 0.0)

@@ -77,7 +77,7 @@ def epoch_start(S: int, R: int, folder: str) -> dict[str, Any]:
         t0 = time.perf_counter()
         shards = source.snapshot()
         plan = EpochPlan.make(shards, epoch=0, seed=0, rank=rank, workers=W)
-        batches = plan.batches(BATCH, False, getattr(source, "counts", None))
+        batches = plan.batches(BATCH, False, source.listed or None)
         seconds = time.perf_counter() - t0
     assert len(shards) == S, (len(shards), S)
     return {"seconds": seconds, "calls": sum(calls.values()), "by_call": dict(calls), "rank_shards": plan.rank_shards,

@@ -158,10 +158,15 @@ class MixedSource:
         self.parts = tuple(parts)
         self.growing = any(p.growing for p in self.parts)
         self.last: list[list[str]] = [[] for _ in self.parts]
+        self._part_of: dict[str, int] = {}  # each shard of the last snapshots: its source's index
 
     def snapshots(self) -> list[list[str]]:
-        self.last = [p.snapshot() for p in self.parts]
-        return self.last
+        return self._keep([p.snapshot() for p in self.parts])
+
+    def _keep(self, last: list[list[str]]) -> list[list[str]]:
+        self.last = last
+        self._part_of = {path: i for i, shards in enumerate(last) for path in shards}
+        return last
 
     def snapshot(self) -> list[str]:
         return sorted({path for shards in self.snapshots() for path in shards})
@@ -177,17 +182,20 @@ class MixedSource:
         return {path: n for p in self.parts for path, n in getattr(p, "listed", {}).items()}
 
     def wait_for(self, min_shards: int, timeout: float) -> list[str]:
-        self.last = [p.wait_for(min_shards, timeout) for p in self.parts]
+        self._keep([p.wait_for(min_shards, timeout) for p in self.parts])
         return sorted({path for shards in self.last for path in shards})
 
     def local_files(self, paths: Collection[str]) -> dict[str, str]:
         """Each source's plain copies of its compressed shards among ``paths`` (``PathSource.local_files``)."""
+        by_part: dict[int, list[str]] = {}
+        for path in paths:
+            if compression(path) is not None and path in self._part_of:
+                by_part.setdefault(self._part_of[path], []).append(path)
         out: dict[str, str] = {}
-        wanted = set(paths)
-        for part, listed in zip(self.parts, self.last):
-            local = getattr(part, "local_files", None)
+        for i, mine in by_part.items():
+            local = getattr(self.parts[i], "local_files", None)
             if local is not None:
-                out.update(local(wanted.intersection(listed)))
+                out.update(local(mine))
         return out
 
     def epoch_started(self, rank: int, epoch: int, shards: Sequence[str]) -> None:

@@ -141,8 +141,8 @@ class IndexShare:
         digest = _digest(identity)
         with self._locked():
             end, generation, built, copied = self._scan()
-            if digest in self._where:  # there already (left by another, or offered again: load_index's memo)
-                return
+            if digest in self._where and (self._where[digest][1] or index is None):  # there already (left by
+                return  # another, or offered again: load_index's memo); a table replaces a mark (a read that failed)
             record = _RECORD.pack(_RECORD.size, digest, _UNSHARED)
             if index is not None and isinstance(index.samples, SampleTable):
                 table = index.samples.to_bytes()
