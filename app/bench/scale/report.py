@@ -50,6 +50,14 @@ def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> list[str]
     return out + [""]
 
 
+def _calls_named(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each measured row's metadata calls by name, as its "of which" column reads them."""
+    for r in rows:
+        if "by_call" in r:
+            r["what"] = ", ".join(f"{k} {v:,}" for k, v in sorted(r["by_call"].items()))
+    return rows
+
+
 def markdown(d: dict[str, Any]) -> str:
     t = d["target"]
     lines = [INTRO, f"{d['when']}; {d['host']}; target N = {t['N']:.0e}, S = {t['S']:.0e}, R = {t['R']}, "
@@ -88,17 +96,13 @@ def markdown(d: dict[str, Any]) -> str:
     lines += ["## 3. Epoch start", "", "One rank of 4096 (its middle one) over S real tiny shards in a folder "
               f"(slope over S: {slope(d['epoch_start'], 'S', 'seconds') or 0:.2f} in time, "
               f"{slope(d['epoch_start'], 'S', 'calls') or 0:.2f} in calls):", ""]
-    for r in d["epoch_start"]:
-        if "by_call" in r:
-            r["what"] = ", ".join(f"{k} {v:,}" for k, v in sorted(r["by_call"].items()))
+    _calls_named(d["epoch_start"])
     lines += _table(d["epoch_start"], [("S", "S"), ("seconds", "seconds"), ("metadata calls", "calls"),
                                        ("of which", "what"), ("its shards", "rank_shards")])
     mixed = d.get("mixture_start") or []
     if mixed:
-        for r in mixed:
-            if "by_call" in r:
-                r["what"] = ", ".join(f"{k} {v:,}" for k, v in sorted(r["by_call"].items()))
-                r["given"] = "shardindex.json (counts listed)" if r["listed"] else "the shards (each index read)"
+        for r in _calls_named(mixed):
+            r["given"] = "shardindex.json (counts listed)" if r.get("listed") else "the shards (each index read)"
         lines += ["", "The same rank's epoch start of a two-source mixture over those shards (half each): the draw "
                   "needs every shard's sample count on every rank, from the sources' webdataset shard indexes "
                   "(`shardindex.json`, the counts listed) or from every shard's index:", ""]
@@ -106,9 +110,7 @@ def markdown(d: dict[str, Any]) -> str:
                                 ("metadata calls", "calls"), ("of which", "what")])
     packed = d.get("compressed_start") or []
     if packed:
-        for r in packed:
-            if "by_call" in r:
-                r["what"] = ", ".join(f"{k} {v:,}" for k, v in sorted(r["by_call"].items()))
+        _calls_named(packed)
         lines += ["", "The same rank over S tiny `.tar.gz` shards: every rank splits the same names, and each makes "
                   "the plain copies (in `decompress_dir`) of the shards it reads:", ""]
         lines += _table(packed, [("S", "S"), ("seconds", "seconds"), ("metadata calls", "calls"),
