@@ -5,9 +5,9 @@ import gzip
 import json
 import os
 
-from app.formats.urls import shard_stem
-from app.loader.loader import StagingLoader
-from app.loader.plan.rank import Rank
+from feedline.formats.urls import shard_stem
+from feedline.loader.loader import StagingLoader
+from feedline.loader.plan.rank import Rank
 
 from helpers import id_shards
 
@@ -64,7 +64,7 @@ def test_an_elastic_resume_over_compressed_shards_delivers_every_sample_once(tmp
 def test_a_start_refused_for_want_of_room_keeps_the_loaded_state_for_the_next(tmp_path):
     import pytest
 
-    from app.errors import SettingError
+    from feedline.errors import SettingError
 
     shards = _gz_shards(str(tmp_path / "gz"), shards=4, per_shard=10)
     with StagingLoader(shards, batch_size=5, workers=1, spec=SPEC, device="cpu", seed=2,

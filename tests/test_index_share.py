@@ -9,10 +9,10 @@ import textwrap
 
 import pytest
 
-from app.formats.sample_index import SampleTable, SampleTableBuilder, ShardError, ShardIndex
-from app.formats.shard_index import load_index
-from app.loader.loader import StagingLoader
-from app.loader.workers.index_share import IndexShare
+from feedline.formats.sample_index import SampleTable, SampleTableBuilder, ShardError, ShardIndex
+from feedline.formats.shard_index import load_index
+from feedline.loader.loader import StagingLoader
+from feedline.loader.workers.index_share import IndexShare
 
 from helpers import ROOT, id_shards, within
 
@@ -95,8 +95,8 @@ def test_processes_needing_the_same_indexes_at_once_build_each_one_once(tmp_path
     with IndexShare.create() as share:
         code = textwrap.dedent(f"""
             import sys
-            from app.formats.shard_index import load_index
-            from app.loader.workers.index_share import IndexShare
+            from feedline.formats.shard_index import load_index
+            from feedline.loader.workers.index_share import IndexShare
             share = IndexShare.attach({share.to_json()!r})
             sys.stdin.readline()  # every process starts together
             print(sum(len(load_index(p, share=share).samples) for p in {paths!r}))
@@ -114,7 +114,7 @@ def test_a_process_killed_while_building_an_index_lets_the_next_one_build_it(tmp
     with IndexShare.create() as share:
         code = textwrap.dedent(f"""
             import time
-            from app.loader.workers.index_share import IndexShare
+            from feedline.loader.workers.index_share import IndexShare
             share = IndexShare.attach({share.to_json()!r})
             with share.building({identity!r}):
                 print("held", flush=True)

@@ -280,3 +280,15 @@ def test_a_box_past_the_image_is_refused(photos):
         fastjpeg.crop_resize(data, (0.0, 0.0, w + 1.0, h / 2), 16)
     with pytest.raises(ValueError, match="passes the"):
         fastjpeg.crop_resize(data, (0.0, 0.0, 1.2e9, h / 2), 1)
+
+
+def test_the_extension_imported_under_both_its_names_raises_what_either_copy_catches():
+    """The package is ``feedline`` installed and ``app`` in the source tree: a process may import both (the suite
+    does), and a second import of the extension must not make new error classes the first copy cannot catch."""
+    import importlib
+
+    tree = importlib.import_module("app.formats._jpegcrop")
+    installed = importlib.import_module("feedline.formats._jpegcrop")
+    assert tree.Error is installed.Error and tree.Unsupported is installed.Unsupported
+    with pytest.raises(importlib.import_module("app.formats.bounds").DecodeError):  # (the tree's copy's class)
+        importlib.import_module("app.formats.fastjpeg").crop_resize(b"\xff\xd8\xff\xdb" + bytes(64), (0, 0, 8, 8), 8)

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from app.errors import SettingError
-from app.formats import shard_index
-from app.formats.urls import ShardListError, local_shards, parse_index
-from app.loader.loader import StagingLoader
-from app.loader.plan.mixture import Source
-from app.loader.plan.rank import Rank
+from feedline.errors import SettingError
+from feedline.formats import shard_index
+from feedline.formats.urls import ShardListError, local_shards, parse_index
+from feedline.loader.loader import StagingLoader
+from feedline.loader.plan.mixture import Source
+from feedline.loader.plan.rank import Rank
 
 from helpers import id_shards
 
@@ -150,7 +150,7 @@ def test_a_remote_wids_index_names_remote_shards_beside_it():
 
 
 def test_feedline_trains_progress_total_is_the_ranks_own_samples_from_the_listing(tmp_path):
-    from app.trainer.train import epoch_samples
+    from feedline.trainer.train import epoch_samples
 
     index = _listed(str(tmp_path / "d"), shards=5, per_shard=10)
     with StagingLoader(index, batch_size=5, workers=1, spec=SPEC, device="cpu", rank=Rank(1, 2)) as loader:

@@ -306,8 +306,11 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__jpegcrop(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    JpegError = PyErr_NewException("feedline.formats._jpegcrop.Error", NULL, NULL);
-    Unsupported = PyErr_NewException("feedline.formats._jpegcrop.Unsupported", NULL, NULL);
+    /* Made once a process: the module imported again under another name (feedline.formats._jpegcrop and the
+     * source tree's app.formats._jpegcrop) gets the same classes, so either copy's `except Error` catches what
+     * crop_resize raises (the statics hold the last made). */
+    if (!JpegError) JpegError = PyErr_NewException("feedline.formats._jpegcrop.Error", NULL, NULL);
+    if (!Unsupported) Unsupported = PyErr_NewException("feedline.formats._jpegcrop.Unsupported", NULL, NULL);
     if (!JpegError || !Unsupported || PyModule_AddObjectRef(m, "Error", JpegError) < 0 ||
         PyModule_AddObjectRef(m, "Unsupported", Unsupported) < 0 ||
         PyModule_AddIntConstant(m, "JPEG_LIB_VERSION", JPEG_LIB_VERSION) < 0) {
