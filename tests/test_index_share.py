@@ -197,3 +197,16 @@ def test_a_worker_does_not_pass_the_shared_memory_on_to_processes_it_starts():
         os.set_inheritable(share.fd, True)  # as a spawned worker gets it
         IndexShare.attach(share.to_json())
         assert not os.get_inheritable(share.fd)
+
+
+def test_an_index_that_cannot_be_shared_offered_again_takes_no_more_room():
+    import struct
+
+    with IndexShare.create() as share:
+        identity = ("/empty.tfrecord", 1, 3, 0, 1, 1)
+        end = lambda: struct.unpack_from("<Q", os.pread(share.fd, 8, 0))[0]  # noqa: E731 (where the records end)
+        share.put(identity, ShardIndex("/empty.tfrecord", 0, []))  # a list, not a table: its mark
+        once = end()
+        for _ in range(5):  # the memo offers it at every open
+            share.put(identity, ShardIndex("/empty.tfrecord", 0, []))
+        assert end() == once and share.find(identity) is False

@@ -18,7 +18,7 @@ import tarfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 from . import listing, parquet, tar_headers, tfrecord
 from .files import atomic_write
@@ -234,7 +234,7 @@ def load_index(path: str, fd: int | None = None, share: SharedIndexes | None = N
             os.close(own)
 
 
-def _shared(share: Any, identity: tuple[str, int, int, int, int, int],
+def _shared(share: SharedIndexes, identity: tuple[str, int, int, int, int, int],
             load: Callable[[], ShardIndex]) -> ShardIndex:
     """From ``share``, else built here (while another process of the loader waits for it) and left there; where
     the share cannot help (it failed, or the index could not be left), built here as without it."""
@@ -257,7 +257,7 @@ def _shared(share: Any, identity: tuple[str, int, int, int, int, int],
     return found if isinstance(found, ShardIndex) else load()
 
 
-def _offer(share: Any, identity: tuple[str, int, int, int, int, int], index: ShardIndex) -> None:
+def _offer(share: SharedIndexes, identity: tuple[str, int, int, int, int, int], index: ShardIndex) -> None:
     """Leave an index this process had already read (without the share) where the others will look."""
     try:
         share.put(identity, index)  # (nothing written where it is there already)

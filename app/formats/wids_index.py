@@ -30,10 +30,8 @@ def looks_like(text: str) -> bool:
     return text.lstrip().startswith("{")
 
 
-def _count(shard: dict[str, Any], key: str, where: str) -> int | None:
+def _count(shard: dict[str, Any], key: str, where: str) -> int:
     value = shard.get(key)
-    if value is None and key == "filesize":
-        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{where}: {key} is {value!r}; give a whole number >= 0")
     return value
@@ -63,5 +61,6 @@ def parse(text: str) -> list[Listed]:
         url = shard["url"]
         if base and "://" not in url and not url.startswith("/"):  # a base is a folder, with or without its "/"
             url = base.rstrip("/") + "/" + url
-        out.append(Listed(url, _count(shard, "nsamples", where) or 0, _count(shard, "filesize", where)))
+        size = _count(shard, "filesize", where) if shard.get("filesize") is not None else None
+        out.append(Listed(url, _count(shard, "nsamples", where), size))
     return out

@@ -49,8 +49,8 @@ from .plan.epoch_plan import EpochPlan
 from .plan.epochs import EpochCounter, EpochSampler
 from .plan.mixture import Source, check_sources
 from .plan.rank import Rank
-from .plan.resume import (RANKS_FORMAT, Cursor, Resume, differing, make_state, own_state, plan_resume, saved_workers,
-                          shared_lists)
+from .plan.resume import (NAMES_KEPT, RANKS_FORMAT, Cursor, Resume, differing, make_state, own_state, plan_resume,
+                          saved_workers, shared_lists)
 from .plan.sources import MixedSource, PathSource, ShardSource, check_counts
 from .ring.batch_ring import BatchRing, RingHandle, RingLayout, check_ring_memory
 from .remote.cluster import check_cluster, refuse_parquet, remote_capacity, remote_setup
@@ -68,8 +68,6 @@ from .workers.probe import PROBE_SHARDS, probe_spec, resolve_side_bytes
 from .workers.worker import WorkerCode, WorkerSetup
 
 log = logging.getLogger("feedline.loader")
-
-NAMES_KEPT = 4096  # a single rank's state keeps the names of a shard list this long, beyond it their digest
 
 
 def _one_source(source: Source, decompress_dir: str | None, member_bound: int | None = None) -> ShardSource:
@@ -471,9 +469,10 @@ class StagingLoader:
         own = plan.own_paths()
         files = self._local_files(own)
         out = plan.reading(files) if files else plan
-        if self._listed():
+        listed = self._listed()
+        if listed:
             pipeline = getattr(self, "_pipeline", None)
-            check_counts(self._listed(), sorted(own), pipeline.indexes if pipeline is not None else None, files)
+            check_counts(listed, sorted(own), pipeline.indexes if pipeline is not None else None, files)
         self._checked = (plan, out)
         return out
 

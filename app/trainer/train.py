@@ -334,6 +334,7 @@ def _across_ranks(es: EpochSummary, job: Job) -> None:
 def epoch_samples(loader: StagingLoader) -> int | None:
     """Samples this rank sees in the current epoch, from the shard indexes (for the progress bar)."""
     from ..formats.shard_index import ShardError, load_index
+    from ..loader.plan.sources import known_counts
 
     plan = loader.plan
     if plan is not None and plan.mixture is not None:  # the epoch's draw, not the shards' contents
@@ -341,7 +342,7 @@ def epoch_samples(loader: StagingLoader) -> int | None:
 
     if plan is None:
         return None
-    counts = {**(getattr(loader.source, "listed", None) or {}), **(getattr(loader.source, "counts", None) or {})}
+    counts = known_counts(loader.source)
     try:  # the rank's own shards only: at 100,000 shards every rank reading every index would take minutes
         return sum(counts[p] if p in counts else len(load_index(plan.file_of(p)).samples) for p in plan.own_paths())
     except ShardError:

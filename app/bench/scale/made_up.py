@@ -8,6 +8,7 @@ shared filesystem charges for: each ``stat``, each directory read, each file ope
 from __future__ import annotations
 
 import builtins
+import gzip
 import io
 import os
 import tarfile
@@ -35,13 +36,14 @@ def tar_bytes(samples: int, members: tuple[str, ...] = ("bin",)) -> bytes:
     return out.getvalue()
 
 
-def write_shards(folder: str, count: int, samples: int = 1) -> list[str]:
-    """``count`` tiny shards in ``folder`` (the same bytes each: only names, sizes and indexes matter here)."""
+def write_shards(folder: str, count: int, samples: int = 1, gzipped: bool = False) -> list[str]:
+    """``count`` tiny shards in ``folder`` (the same bytes each: only names, sizes and indexes matter here);
+    ``gzipped``: ``.tar.gz`` ones."""
     os.makedirs(folder, exist_ok=True)
-    data = tar_bytes(samples)
+    data = gzip.compress(tar_bytes(samples)) if gzipped else tar_bytes(samples)
     paths = []
     for i in range(count):
-        path = os.path.join(folder, f"train-{i:06d}.tar")
+        path = os.path.join(folder, f"train-{i:06d}.tar{'.gz' if gzipped else ''}")
         with open(path, "wb") as f:
             f.write(data)
         paths.append(path)

@@ -90,7 +90,7 @@ def mixture_start(S: int, R: int, folder: str, listed: bool = True) -> dict[str,
     the loader does), the batch count; the sources given as webdataset shard indexes (``shardindex.json``: the
     counts listed) or, with ``listed=False``, as the shards themselves."""
     from ...loader.plan.mixture import Source
-    from ...loader.plan.sources import MixedSource, PathSource, check_counts
+    from ...loader.plan.sources import MixedSource, PathSource, check_counts, known_counts
 
     names = sorted(n for n in os.listdir(folder) if n.endswith(".tar"))
     halves = [names[: S // 2], names[S // 2:]]
@@ -111,7 +111,7 @@ def mixture_start(S: int, R: int, folder: str, listed: bool = True) -> dict[str,
         shards, mix = mixed.draw(sources, seed=0, epoch=0, shuffle=True)
         plan = EpochPlan.make(shards, epoch=0, seed=0, rank=rank, workers=W, mixture=mix, interleaved=True)
         check_counts(mixed.listed, sorted(plan.own_paths()))  # the loader's check of its own shards' counts
-        batches = plan.batches(BATCH, False, {**mixed.listed, **mixed.counts})
+        batches = plan.batches(BATCH, False, known_counts(mixed))
         seconds = time.perf_counter() - t0
     assert len(shards) == S, (len(shards), S)
     return {"S": S, "listed": listed, "seconds": seconds, "calls": sum(calls.values()), "by_call": dict(calls),
@@ -121,16 +121,10 @@ def mixture_start(S: int, R: int, folder: str, listed: bool = True) -> dict[str,
 def compressed_start(S: int, R: int, folder: str) -> dict[str, Any]:
     """One rank's epoch start over S tiny ``.tar.gz`` shards: the listing, the plan, the plain copies of the rank's
     own shards (``PathSource.local_files``), the batch count; the copies it made counted."""
-    import gzip
-
     from ...loader.plan.sources import PathSource
 
     gz = os.path.join(folder, "gz")
-    os.makedirs(gz, exist_ok=True)
-    data = gzip.compress(tar_bytes(1))
-    for i in range(S):
-        with open(os.path.join(gz, f"train-{i:06d}.tar.gz"), "wb") as f:
-            f.write(data)
+    write_shards(gz, S, gzipped=True)
     copies = os.path.join(folder, "plain")
     source = PathSource(gz, decompress_dir=copies)
     rank = Rank(R // 2, R)
@@ -293,8 +287,8 @@ def agreement(R: int, state_bytes: int = 64 << 10) -> dict[str, Any]:
 
 
 POINTS = {"agreement": agreement, "ranks_over_shards": ranks_over_shards, "state": state, "epoch_start": epoch_start,
-          "mixture_start": mixture_start, "compressed_start": compressed_start, "index": index, "index_builds": index_builds, "fill": fill,
-          "elastic": elastic}
+          "mixture_start": mixture_start, "compressed_start": compressed_start, "index": index,
+          "index_builds": index_builds, "fill": fill, "elastic": elastic}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,6 +43,7 @@ log = logging.getLogger("feedline.loader")
 
 FORMAT = "feedline.loader/1"
 RANKS_FORMAT = "feedline.loader.ranks/1"  # every rank's state in one (state_dict under torch.distributed)
+NAMES_KEPT = 4096  # a single rank's state keeps the names of a shard list this long, beyond it their digest
 # Settings a state must share with the loader it is loaded into, unless elastic.
 EXACT = ("seed", "batch_size", "drop_last", "shuffle", "shuffle_buffer", "shuffle_block", "workers", "rank",
          "world_size")
@@ -281,8 +282,8 @@ def _resolved_list(state: Mapping[str, Any], current: _Current) -> Mapping[str, 
                                 f"shards then, {current.count} now, another list): a state keeps the list by its "
                                 f"digest only, so the epoch's plan cannot be rebuilt over another one; pass the "
                                 f"same shards (a state keeps the names too, and elastic=True then goes on with "
-                                f"what is left, for a cache, a mixture, lists of up to 4,096 shards, and under "
-                                f"torch.distributed)")
+                                f"what is left, for a cache, a mixture, lists of up to {NAMES_KEPT:,} shards, and "
+                                f"under torch.distributed)")
 
 
 def _old_plans(states: Sequence[Mapping[str, Any]],

@@ -128,6 +128,12 @@ class PathSource:
         return shown + (f" and {len(self.names) - 3} more" if len(self.names) > 3 else "")
 
 
+def known_counts(source: object) -> dict[str, int]:
+    """Samples per shard where ``source`` knows them without an index: its listing's (``listed``), then a cache's
+    manifest's (``counts``), which win."""
+    return {**(getattr(source, "listed", None) or {}), **(getattr(source, "counts", None) or {})}
+
+
 def check_counts(counts: dict[str, int], paths: Sequence[str], share: SharedIndexes | None = None,
                  files: Mapping[str, str] | None = None) -> None:
     """The sample counts a listing gave, checked against the indexes of ``paths`` (the shards the start's probe
@@ -214,7 +220,7 @@ class MixedSource:
         """(every source's shards, the epoch's draw from them): the samples per shard from a cache's manifest,
         else from the shard's index."""
         snapshots = self.snapshots()
-        known = {**self.listed, **self.counts}
+        known = known_counts(self)
 
         def count(path: str) -> int:
             if path not in known:

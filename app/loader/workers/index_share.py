@@ -139,15 +139,20 @@ class IndexShare:
         footer, read by each) or a table larger than the region leaves the mark that it is not shared. Past the
         capacity the region starts over."""
         digest = _digest(identity)
+        samples = index.samples if index is not None else None
+        table = isinstance(samples, SampleTable)
         with self._locked():
             end, generation, built, copied = self._scan()
-            if digest in self._where and (self._where[digest][1] or index is None):  # there already (left by
-                return  # another, or offered again: load_index's memo); a table replaces a mark (a read that failed)
+            there = self._where.get(digest)
+            if there is not None and (there[1] or not table):  # there already (left by another, or offered again:
+                return  # load_index's memo); only a table replaces a mark (left by a read that failed)
             record = _RECORD.pack(_RECORD.size, digest, _UNSHARED)
-            if index is not None and isinstance(index.samples, SampleTable):
-                table = index.samples.to_bytes()
-                if _START + _RECORD.size + len(table) <= self.capacity:
-                    record = _RECORD.pack(_RECORD.size + len(table), digest, index.shard_bytes) + table
+            if index is not None and isinstance(samples, SampleTable):
+                data = samples.to_bytes()
+                if _START + _RECORD.size + len(data) <= self.capacity:
+                    record = _RECORD.pack(_RECORD.size + len(data), digest, index.shard_bytes) + data
+            if there is not None and len(record) == _RECORD.size:  # (a table too large: the mark stays as it is)
+                return
             if end + len(record) > self.capacity:
                 log.debug("the shared shard indexes are full (%d bytes): starting over", end)
                 end, generation = _START, generation + 1

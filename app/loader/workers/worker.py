@@ -89,7 +89,6 @@ class WorkerSetup:
                    d.get("indexes"))
 
 
-
 @dataclass
 class WorkerArgs:
     """One worker: its number, its pipe to the trainer, where its stack goes on STACK_SIGNAL, what it runs."""
