@@ -304,3 +304,17 @@ def test_the_audio_example_decodes_flac_members_with_a_decoder_hook(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "read 24 clips in 4 batches: flac float32 (4, 16000), cls int64 (4,)" in out.stdout  # 12 clips a worker
+
+
+@pytest.mark.parametrize("first", ["init", "preinit"])
+def test_an_image_member_is_sniffed_by_signature_before_the_formats_that_parse_to_find_out(first):
+    """Pillow tries formats in Image.ID's order, the order its plugins were imported in: after Image.init()
+    alone, IM and IPTC (no signature check: a parse attempt on every file) came before JPEG."""
+    code = (f"from PIL import Image; Image.{first}()\n"
+            "from feedline.formats.images import decode_image, image_formats\n"
+            "order = image_formats()\n"
+            "checks = [Image.OPEN[f][1] is not None for f in order]\n"
+            "print(order[0], checks.index(False), all(checks[:checks.index(False)]), any(checks[checks.index(False):]))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    head, first_parser, sniffed_before, sniffed_after = out.split()
+    assert head == "JPEG" and sniffed_before == "True" and sniffed_after == "False", out

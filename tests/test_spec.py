@@ -107,6 +107,17 @@ def test_raw_bytes_fill_a_field_of_the_same_size_as_its_dtype():
     np.testing.assert_array_equal(dst[0], [[0, 1], [2, 3]])
 
 
+def test_an_int_label_fills_its_row_as_the_general_path_writes_any_integer():
+    values = [7, -1, (1 << 63) - 1, -(1 << 63), True, 1 << 63]  # True and 1 << 63: the general path itself
+    for dtype in ("int64", "int16"):
+        f = Field("cls", dtype)
+        dst, expected = np.zeros(len(values), dtype), np.zeros(len(values), dtype)
+        for i, value in enumerate(values if dtype == "int64" else [7, -1, 300]):
+            assert fill(f, dst, value, None, i) == np.dtype(dtype).itemsize
+            np.copyto(expected[i, ...], np.asarray(value), casting="same_kind")
+        assert dst.tolist() == expected.tolist()
+
+
 def test_a_wrong_shape_is_rejected_with_the_field_named():
     f = Field("npy", "float32", (4,))
     with pytest.raises(SampleRejected, match="npy") as err:
