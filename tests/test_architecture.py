@@ -44,7 +44,7 @@ LOADER_STAGES = {
     "tune": {"workers", "cpus"},
     "remote": {"layout", "plan", "ring", "workers"},  # worker places decoded on a Ray cluster (issue 70)
 }
-LOADER_FACE = {"loader", "settings", "pipeline", "iterator", "__init__"}
+LOADER_FACE = {"loader", "loader_epochs", "settings", "pipeline", "iterator", "__init__"}
 LONG_FILE = 400
 
 

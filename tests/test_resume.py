@@ -151,6 +151,22 @@ def test_an_elastic_resume_over_a_folder_that_gained_a_shard_goes_on_with_the_ep
     assert sorted(head + rest) == list(range(40))
 
 
+def test_an_elastic_resume_reads_a_shard_its_list_no_longer_names_from_where_the_state_names_it(tmp_path, caplog):
+    """Out of the list but still on disk (a list given anew, a compressed shard's plain copy named by a state from
+    before plans named the compressed files): the replay reads it, every sample comes once, none is said lost."""
+    listed = id_shards(str(tmp_path / "ids"), shards=4, per_shard=10)
+    with StagingLoader(listed, batch_size=4, workers=2, spec=SPEC, seed=5) as loader:
+        it = iter(loader)
+        head = [int(i) for _ in range(3) for i in next(it)["cls"]]
+        state = json.loads(json.dumps(loader.state_dict()))
+    with caplog.at_level(logging.INFO, logger="feedline"), \
+            StagingLoader(listed[:3], batch_size=4, workers=2, spec=SPEC, seed=5) as loader:
+        loader.load_state_dict(state, elastic=True)
+        rest = [int(i) for b in loader for i in b["cls"]]
+    assert sorted(head + rest) == list(range(40))
+    assert "lost" not in caplog.text and "ids-0003.tar" in caplog.text  # named: read from where the state says
+
+
 def test_something_else_than_a_state_is_refused(shards):
     with StagingLoader(shards, batch_size=8, workers=2, spec=SPEC) as loader:
         with pytest.raises(SettingError, match="not a feedline loader state"):

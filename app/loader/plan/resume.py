@@ -222,14 +222,21 @@ def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], setting
     if growing:  # evicted from the cache since, but kept on disk while this reader's lease names it (readers.py)
         gone = [s for s in gone if not os.path.exists(s)]
     if gone or new:
-        what = (f"{len(gone)} of the epoch's {len(saved)} shards are gone ({', '.join(gone[:5])}"
-                f"{', ...' if len(gone) > 5 else ''}): their samples not yet delivered are lost" if gone else "")
         if not growing and not elastic:
             raise SettingError("state", f"the shard list changed since the state was saved ("
                                         f"{len(gone)} gone, {len(new)} new); pass the same shards, or "
                                         f"elastic=True to go on with what is left")
-        if gone:
-            log.warning("resuming epoch %d: %s; the rest of the epoch is delivered as planned", epoch, what)
+        # the replay reads the saved names: one the list no longer names is read where it is, if it still is (a
+        # list given anew; a compressed shard's plain copy, named by a state from before plans named the archives)
+        lost = [s for s in gone if not os.path.exists(s)]
+        kept = [s for s in gone if s not in lost]
+        if kept:
+            log.info("resuming epoch %d: %d of its shards are no longer in the list (%s); read from where the state "
+                     "names them", epoch, len(kept), _some(kept))
+        if lost:
+            log.warning("resuming epoch %d: %d of the epoch's %d shards are gone (%s): their samples not yet "
+                        "delivered are lost; the rest of the epoch is delivered as planned", epoch, len(lost),
+                        len(saved), _some(lost))
     if all(st["finished"] for st in many):
         return None, epoch + 1
     if not wrong and not gone and len(many) == 1:  # exact: every worker goes on from its stream position
@@ -246,6 +253,10 @@ def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], setting
              "to its %d worker(s) (%d rank(s) in all)", epoch, count, settings["workers"], rank.world_size)
     plan = replace(fresh, skip={**fresh.skip, **{entry: tuple(sorted(v)) for entry, v in delivered.items() if v}})
     return Resume(plan), epoch
+
+
+def _some(paths: Sequence[str]) -> str:
+    return ", ".join(paths[:5]) + (", ..." if len(paths) > 5 else "")
 
 
 class _Current:
