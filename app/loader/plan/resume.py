@@ -228,8 +228,10 @@ def plan_resume(states: Mapping[str, Any] | Sequence[Mapping[str, Any]], setting
                                         f"elastic=True to go on with what is left")
         # the replay reads the saved names: one the list no longer names is read where it is, if it still is (a
         # list given anew; a compressed shard's plain copy, named by a state from before plans named the archives)
-        lost = [s for s in gone if not os.path.exists(s)]
-        kept = [s for s in gone if s not in lost]
+        kept: list[str] = []
+        lost: list[str] = []
+        for s in gone:
+            (kept if os.path.exists(s) else lost).append(s)
         if kept:
             log.info("resuming epoch %d: %d of its shards are no longer in the list (%s); read from where the state "
                      "names them", epoch, len(kept), _some(kept))
