@@ -118,6 +118,39 @@ def test_the_end_to_end_row_trains_a_model_fed_three_ways(tmp_path):
     assert "### End to end: a tiny training step" in out_md.read_text()
 
 
+def test_the_placement_rows_beside_run_the_loader_at_full_tilt_while_the_step_never_waits():
+    from feedline.bench.contend import _dataset
+
+    shards = os.path.join(_dataset("jpeg", 48, 64 << 10, os.path.join(ROOT, ".cache")), "*.tar")
+    base = [sys.executable, "-m", "feedline.bench.placement_bench", "--shards", shards, "--ops", "64",
+            "--seconds", "1", "--warmup-steps", "2", "--workers", "1"]
+    rows = {}
+    for row in ("beside", "fed"):
+        run = subprocess.run([*base[:3], row, *base[3:]], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        rows[row] = json.loads(run.stdout.strip().splitlines()[-1])
+    beside, fed = rows["beside"], rows["fed"]
+    assert beside["batches_beside"] >= 1 and beside["wait_share"] == 0.0  # the loader ran; the step never waited
+    assert "batches_beside" not in fed and fed["wait_share"] > 0  # fed: a batch before each step, and a wait
+    assert beside["workers"] == fed["workers"] == 1 and beside["steps"] > 0 and fed["steps"] > 0
+
+
+def test_the_placement_target_judges_the_defaults_beside_the_loader_at_full_tilt_and_shows_the_fed_wait():
+    from feedline.bench.placement_section import ALONE, FED, PLACED, markdown_lines, placement_targets
+
+    def row(ms, wait=0.0):
+        return {"step_ms": ms, "samples_per_s": 32e3 / ms, "wait_share": wait, "workers": 1, "placement": "p",
+                "rounds": [{"samples_per_s": 32e3 / ms}]}
+
+    section = {"ops": 1000, "batch_size": 32, "rows": {ALONE: row(8.0), PLACED: row(8.2), FED: row(10.0, 0.7)}}
+    targets = {t["target"]: t for t in placement_targets(section)}
+    judged = [t for t in targets.values() if t["met"] is not None]
+    assert len(judged) == 1 and "at full tilt" in judged[0]["target"] and judged[0]["met"]  # 8.0 / 8.2 = 0.98
+    assert targets[f"placement: the step {FED} vs alone (a row)"]["met"] is None  # shown, not judged
+    table = "\n".join(markdown_lines(section))
+    assert f"| {FED} | 10.00 (10.00-10.00) | 0.80x" in table and "| 70% |" in table
+
+
 def test_rounds_interleave_in_a_rotating_order_after_a_warm_up_and_report_medians_and_ranges():
     from feedline.bench.rounds import Contender, interleaved, ratio
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..formats.transforms import RandomResizedCrop
 from .contenders import TarShards
+from .drain import Drain
 from .pyspy import TIMING
 from .samples import Convert
 
@@ -109,23 +110,15 @@ class _Synthetic:
 
 
 class _Beside:
-    """The synthetic batches, while a thread drains a loader's batches and drops them: does the loader's mere
+    """The synthetic batches, while the loader runs beside them at full tilt (``drain.py``): does the loader's mere
     running (its threads, streams, copies) slow the step, or only using its tensors?"""
 
     def __init__(self, synthetic: _Synthetic, loader: Any):
-        import threading
+        self.synthetic, self.loader, self.drain = synthetic, loader, Drain(loader)
 
-        self.synthetic, self.loader, self.stop = synthetic, loader, threading.Event()
-        self.drained = 0
-        self.thread = threading.Thread(target=self._drain, name="e2e-beside", daemon=True)
-        self.thread.start()
-
-    def _drain(self) -> None:
-        while not self.stop.is_set():
-            for _ in self.loader:
-                self.drained += 1
-                if self.stop.is_set():
-                    return
+    @property
+    def drained(self) -> int:
+        return self.drain.drained
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.synthetic)
@@ -137,9 +130,7 @@ class _Beside:
         return self.loader.cost()
 
     def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-        self.loader.close()
+        self.drain.close()
 
 
 def _trace(step: Any, steps: int, cuda: bool) -> dict[str, Any]:

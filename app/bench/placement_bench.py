@@ -2,13 +2,14 @@
 ``python -m feedline.bench.placement_bench ROW ...`` (one process a row; ``placement_section.py`` runs them).
 
 The step is ``launch.py``'s: a chain of tiny torch operations on one thread, about 8 ms, what a small model's
-kernel launches are on a GPU. ``alone`` times it with no loader in the process. ``beside`` times it between
-batches of a loader that decodes JPEG photos and crops them (RandomResizedCrop 224) as fast as its workers can,
-feeding the stand-in device (the CUDA path's code on this CPU: a GPU host's loader, which auto places):
-the step is bound by its one thread, so whatever takes that thread's core (a worker scheduled there, a cache
-it shares) slows it by the share it takes, and the step time says so, whatever the data wait. Only the step
-is timed; the loop waits for no batch it does not need (the batch is taken, then the step runs on a fixed
-input, so the step does the same work in every row).
+kernel launches are on a GPU. ``alone`` times it with no loader in the process. ``beside`` times it back to
+back while a loader decodes JPEG photos and crops them (RandomResizedCrop 224) as fast as its workers can,
+feeding the stand-in device (the CUDA path's code on this CPU: a GPU host's loader, which auto places), its
+batches taken by a thread and dropped (``drain.py``): the step is bound by its one thread, so whatever takes
+that thread's core (a worker scheduled there, the loader's threads, a cache it shares) slows it by the share it
+takes, and the step time says so, with no wait for data in it. ``fed`` takes a batch before each step, as a
+training loop does (the step still runs on a fixed input, so it does the same work in every row): on a host
+whose workers cannot keep up, each step then follows a wait, and the share of time waiting is reported.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from .drain import Drain
 from .launch import calibrate, make_step
 
 IMAGE = 224
@@ -44,13 +47,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)  # the step's ops on one thread, as a launching thread issues them
     step = make_step(args.ops, torch.device("cpu"))
     x = torch.rand(args.batch_size, 64)
-    loader = _loader(args) if args.row == "beside" else None
-
-    def endless() -> Any:
-        while True:
-            yield from loader
-
-    batches = endless() if loader is not None else None
+    loader = _loader(args) if args.row != "alone" else None
+    drain = Drain(loader) if args.row == "beside" else None
+    batches = _endless(loader) if args.row == "fed" else None
     waited = 0.0
     try:
         for _ in range(args.warmup_steps):
@@ -76,15 +75,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out["placement"] = loader.placement.describe()
             out["trainer_cpus"] = list(loader.placement.trainer)
             out["process_cpus"] = sorted(os.sched_getaffinity(0))
+        if drain is not None:
+            out["batches_beside"] = drain.drained  # the loader did run at full tilt beside the step
         return out
     finally:
-        if loader is not None:
+        if drain is not None:
+            drain.close()
+        elif loader is not None:
             loader.close()
+
+
+def _endless(loader: Any) -> Iterator[Any]:
+    while True:
+        yield from loader
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("row", choices=("alone", "beside", "calibrate"))
+    p.add_argument("row", choices=("alone", "beside", "fed", "calibrate"))
     p.add_argument("--shards", default="")
     p.add_argument("--ops", type=int, default=0, help="the step's operations (0: calibrate to about 8 ms first)")
     p.add_argument("--workers", default="auto")
