@@ -257,7 +257,7 @@ def trained_samples(shards: str, tmp_path) -> list[int]:
     summary = os.path.join(tmp_path, "summary.json")
     out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", shards, "--epochs", "1",
                           "--batch-size", "8", "--image-size", "32", "--progress", "false", "--summary-json",
-                          summary], capture_output=True, text=True, cwd=ROOT, timeout=120)
+                          summary, "--metrics-port", "0"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     with open(summary) as f:
         return [e["samples"] for e in json.load(f)["epochs"]]

@@ -308,7 +308,8 @@ def _cmdline(pid):
 
 
 def test_world_size_without_torchrun_is_refused_with_the_fix_named():
-    out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", "x"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", "x", "--metrics-port", "0"],
+                         cwd=ROOT, capture_output=True,
                          text=True, timeout=60, env={**os.environ, "WORLD_SIZE": "4"})
     assert out.returncode == 2
     assert "WORLD_SIZE=4 but RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are not set" in out.stderr

@@ -91,7 +91,8 @@ def test_demo_training_job_runs_and_writes_its_summary(tmp_path, extra):
     summary = tmp_path / "summary.json"
     out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", str(d / "*.tar"), "--epochs", "2",
                           "--batch-size", "16", "--image-size", "32", "--step-ms", "5", "--summary-json",
-                          str(summary), *extra], capture_output=True, text=True, cwd=ROOT, timeout=120)
+                          str(summary), "--metrics-port", "0", *extra],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     doc = json.loads(summary.read_text())
     assert [e["samples"] for e in doc["epochs"]] == [80, 80]
@@ -139,7 +140,8 @@ def test_the_demo_steps_threads_are_left_alone_under_omp_num_threads_or_device_d
 
 
 def test_cli_refuses_a_bad_setting_naming_it(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", "x", "--workers", "0"],
+    out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", "x", "--workers", "0",
+                          "--metrics-port", "0"],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 2
     assert "workers" in out.stderr and "minimum" in out.stderr
@@ -177,7 +179,8 @@ def test_sizes_accept_bytes_and_units():
 # -- the face speaks one language -------------------------------------------------------------------
 
 def _train(*args):
-    return subprocess.run([sys.executable, "-m", "feedline", "train", "--progress", "false", *args],
+    return subprocess.run([sys.executable, "-m", "feedline", "train", "--progress", "false", "--metrics-port", "0",
+                           *args],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 

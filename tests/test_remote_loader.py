@@ -121,7 +121,8 @@ def test_feedline_train_takes_a_remote_url_for_shards(tmp_path):
         out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards",
                               "::".join(f"{store.url}/{n}" for n in names), "--min-shards", str(len(names)),
                               "--epochs", "1", "--batch-size", "8", "--image-size", "32", "--progress", "false",
-                              "--summary-json", str(summary)], capture_output=True, text=True, cwd=ROOT, timeout=180)
+                              "--summary-json", str(summary), "--metrics-port", "0"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     assert [e["samples"] for e in json.loads(summary.read_text())["epochs"]] == [48]
 

@@ -361,7 +361,8 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint_in_use(tmp_path, jp
 
 
 def test_resume_without_a_checkpoint_directory_is_refused():
-    out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", "x", "--resume"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "feedline", "train", "--shards", "x", "--resume",
+                          "--metrics-port", "0"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "checkpoint" in out.stderr
 

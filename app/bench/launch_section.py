@@ -38,7 +38,8 @@ def launch_workload(args: argparse.Namespace, shards: str, run_json: Callable[..
     rows = [c("feedline (zero-copy)", "feedline", "--device", "cpu"),
             *[c(row, "feedline", "--device", "standin", *extra) for row, extra in STANDIN_ROWS.items()],
             c("DataLoader", "dataloader")]
-    out = interleaved(rows, args.rounds, args.seconds, 0.0 if args.quick else args.warmup, 1)
+    out = interleaved(rows, args.rounds, args.seconds, 0.0 if args.quick else args.warmup,
+                      2 if args.quick else 1)  # --quick: a check, not a measurement
     return {"ops": ops, "workers": 1, "batch_size": args.batch_size, "rows": out}
 
 

@@ -49,7 +49,7 @@ def placement_workload(args: argparse.Namespace, shards: str, run_json: Callable
         return Contender(row, lambda t: run_json([*cmd, "--seconds", str(t)], None, "placement", row))
 
     rows = interleaved([c(row, *how) for row, how in ROWS.items()], args.rounds, args.seconds,
-                       0.0 if args.quick else args.warmup, 1)
+                       0.0 if args.quick else args.warmup, 2 if args.quick else 1)  # --quick: a check only
     return {"ops": ops, "batch_size": args.batch_size, "rows": rows}
 
 

@@ -70,11 +70,13 @@ def _machine() -> dict[str, Any]:
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    shm_root = tempfile.mkdtemp(prefix="feedline-bench-", dir=args.shm)
     results: dict[str, Any] = {"machine": _machine(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "settings": {"workers": args.workers, "batch_size": args.batch_size,
                                             "seconds": args.seconds, "rounds": args.rounds,
                                             "warmup": args.warmup, "quick": args.quick}, "workloads": {}}
+    # made just before the try that removes it: a SIGTERM during _machine()'s imports (seconds on a loaded
+    # machine) left it in /dev/shm when it was made first
+    shm_root = tempfile.mkdtemp(prefix="feedline-bench-", dir=args.shm)
     try:
         for workload in workloads:
             if workload in SECTIONS:  # a section of its own, not a loader workload's rows
