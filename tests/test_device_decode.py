@@ -89,8 +89,9 @@ def test_the_same_seed_gives_the_same_random_crops_and_another_seed_others(tmp_p
                            device_decode={"fields": ["jpg"], "size": 24, "crop": "random"}) as loader:
             return torch.cat([b["jpg"] for b in loader])
 
-    assert torch.equal(images(3), images(3))
-    assert not torch.equal(images(3), images(4))
+    three = images(3)
+    assert torch.equal(three, images(3))
+    assert not torch.equal(three, images(4))
 
 
 def test_a_center_crop_keeps_the_middle_of_a_wide_image():

@@ -19,11 +19,19 @@ from feedline.loader.plan.resume import EXACT, RANKS_FORMAT, Cursor, make_state,
 from feedline.loader.plan.sources import PathSource
 
 
-def test_an_epoch_start_over_100000_shards_costs_a_rank_of_4096_its_own_shards_in_metadata_calls(tmp_path):
+@pytest.fixture(scope="module")
+def hundred_thousand(tmp_path_factory):
+    """100,000 made-up shards, written once for the tests that read them (none changes them)."""
+    folder = tmp_path_factory.mktemp("shards")
+    write_shards(str(folder), 100_000)
+    return folder
+
+
+@pytest.mark.xdist_group("scale-shards")
+def test_an_epoch_start_over_100000_shards_costs_a_rank_of_4096_its_own_shards_in_metadata_calls(hundred_thousand):
     """One directory read for the listing (no stat a shard), one open for each of the rank's own shards' indexes:
     on a shared filesystem each call is a round trip to its metadata server."""
-    folder = tmp_path / "shards"
-    write_shards(str(folder), 100_000)
+    folder = hundred_thousand
     source = PathSource(str(folder))
     with metadata_calls() as calls:
         shards = source.snapshot()
@@ -104,18 +112,17 @@ def test_a_plans_left_out_samples_are_saved_as_runs_and_states_saved_as_lists_st
     assert type(worker).from_json(worker.to_json()) == worker
 
 
-def test_an_epoch_start_over_a_brace_list_of_100000_shards_reads_their_folder_once(tmp_path):
-    """``train-{000000..099999}.tar``, as webdataset's users name shards: one directory read for the names, not a
+@pytest.mark.xdist_group("scale-shards")
+def test_an_epoch_start_over_a_brace_list_of_100000_shards_reads_their_folder_once(hundred_thousand):
+    """``train-{000000..100000}.tar``, as webdataset's users name shards: one directory read for the names, not a
     stat each; a name not there (yet) gives nothing, a folder named like a shard is read as one."""
-    folder = tmp_path / "shards"
-    write_shards(str(folder), 100_000)
-    (folder / "train-000003.tar").unlink()
-    source = PathSource(str(folder / "train-{000000..099999}.tar"))
+    folder = hundred_thousand  # train-000000 .. train-099999: the list's last name is not there
+    source = PathSource(str(folder / "train-{000000..100000}.tar"))
     with metadata_calls() as calls:
         shards = source.snapshot()
         plan = EpochPlan.make(shards, epoch=0, seed=0, rank=Rank(2048, 4096), workers=16)
         assert plan.batches(256, False) > 0
-    assert len(shards) == 99_999 and str(folder / "train-000003.tar") not in shards
+    assert len(shards) == 100_000 and str(folder / "train-100000.tar") not in shards
     assert sum(calls.values()) <= 100_000 / 4096 + 10, dict(calls)
 
 

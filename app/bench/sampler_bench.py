@@ -185,10 +185,11 @@ def fill_rate(src: str, shm_root: str, threads: int = 4, reps: int = FILL_REPS) 
 
     runs = {"sidecar": sidecar, "curl": curl, "urllib": urllib_}
     with server:
-        for rep in range(reps + 1):  # the first round warms this machine's tmpfs up and is not counted
+        warm = 1 if reps > 1 else 0  # a --quick run (one rep) is a check, not a measurement: no warm-up
+        for rep in range(reps + warm):  # the first round warms this machine's tmpfs up and is not counted
             for who in rotated(list(runs), rep):  # none always runs first (after the last round's 1 GB is freed)
                 times[who].append(runs[who]())
-            if rep == 0:
+            if warm and rep == 0:
                 times = {k: [] for k in times}
     gb = {k: [total / t / 1e9 for t in v] for k, v in times.items()}
     return {"shards": len(shards), "bytes": total, "threads": threads, "reps": reps,
