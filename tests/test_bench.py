@@ -122,11 +122,11 @@ def test_the_placement_rows_beside_run_the_loader_at_full_tilt_while_the_step_ne
     from feedline.bench.contend import _dataset
 
     shards = os.path.join(_dataset("jpeg", 48, 64 << 10, os.path.join(ROOT, ".cache")), "*.tar")
-    base = [sys.executable, "-m", "feedline.bench.placement_bench", "--shards", shards, "--ops", "64",
-            "--seconds", "1", "--warmup-steps", "2", "--workers", "1"]
     rows = {}
     for row in ("beside", "fed"):
-        run = subprocess.run([*base[:3], row, *base[3:]], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        run = subprocess.run([sys.executable, "-m", "feedline.bench.placement_bench", row, "--shards", shards,
+                              "--ops", "64", "--seconds", "1", "--warmup-steps", "2", "--workers", "1"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
         rows[row] = json.loads(run.stdout.strip().splitlines()[-1])
     beside, fed = rows["beside"], rows["fed"]
