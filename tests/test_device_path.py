@@ -93,6 +93,45 @@ def test_the_dispatcher_is_not_woken_for_batches_on_a_cpu_host(ids):
     assert cost.cpu_seconds["dispatcher"] < cost.cpu_seconds["loop"]  # it wakes for its tick only
 
 
+
+def _dispatcher_waits(seconds: float) -> int:
+    """The times the loader's dispatcher thread blocked (its voluntary context switches) over ``seconds``."""
+    import threading
+
+    tid = next(t.native_id for t in threading.enumerate() if t.name == "feedline-dispatcher")
+
+    def switches() -> int:
+        with open(f"/proc/self/task/{tid}/status") as f:
+            return int(next(line.split()[1] for line in f if line.startswith("voluntary_ctxt_switches")))
+
+    before = switches()
+    time.sleep(seconds)
+    return switches() - before
+
+
+def test_a_dispatcher_nobody_listens_to_wakes_about_once_a_second(ids):
+    """Each wake-up of an idle dispatcher costs the training process CPU with nothing to push (issue 68): with no
+    sink its tick is a second, not a quarter."""
+    with StagingLoader(ids, batch_size=16, workers=2, spec=ID_SPEC, zero_copy=True) as loader:
+        it = iter(loader)
+        next(it)  # the ring fills behind the batch the loop holds; then nothing moves
+        time.sleep(0.5)
+        waits = _dispatcher_waits(3.0)
+    assert 2 <= waits <= 5, waits
+
+
+def test_a_dispatcher_with_a_sink_ticks_four_times_a_second(ids):
+    from feedline.metrics.catalog import LOADER
+    from feedline.metrics.sink import PrometheusSink
+
+    with StagingLoader(ids, batch_size=16, workers=2, spec=ID_SPEC, zero_copy=True,
+                       sink=PrometheusSink(LOADER)) as loader:
+        it = iter(loader)
+        next(it)
+        time.sleep(0.5)
+        waits = _dispatcher_waits(3.0)
+    assert 10 <= waits <= 16, waits
+
 class _Slow(StandInGpu):
     """A stand-in whose copies land 5 ms after they are issued; it records each slot given back and whether its
     copy had landed then."""

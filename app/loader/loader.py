@@ -62,6 +62,7 @@ from .stats import LoaderStats, StatsRecorder
 from .tune.auto import AutoWorkers
 from .tune.autotune import AUTO, choose
 from .tune.tuner import CpuMeter, WorkerTuner
+from .workers.dispatcher import tick_seconds
 from .workers.launch import Launcher
 from .workers.index_share import IndexShare
 from .workers.pool import WorkerPool
@@ -261,7 +262,8 @@ class StagingLoader(LoaderEpochs):
                                 ErrorBudget(s.max_sample_errors), in_order=s.in_order,
                                 worker_timeout=s.worker_timeout, stall_timeout=s.stall_timeout,
                                 worker_memory=s.worker_memory, cpus_of=self._worker_cpus,
-                                on_tick=lambda: p.tick(stats, slots, self._cost), cost=self._cost)
+                                on_tick=lambda: p.tick(stats, slots, self._cost),
+                                tick=tick_seconds(stats.listens, s.stall_timeout), cost=self._cost)
             if s.device_decode is not None:  # rows it cannot decode count against the failure budget
                 p.decoder = DeviceDecoder(s.device_decode, self.device, s.seed, p.pool.samples_dropped)
             if tuner is not None:

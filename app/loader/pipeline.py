@@ -50,8 +50,9 @@ class Pipeline:
         self.pinned = ProcessPins.hold(placement)
 
     def tick(self, stats: StatsRecorder, slots: int, cost: TrainerCost) -> None:
-        """The dispatcher's, 4 times a second: slots of kept batches let go return (zero-copy: the next batches'
-        views are made), the gauges and feedline's CPU in this process go to ``stats``."""
+        """The dispatcher's tick (4 a second, once where nobody listens): slots of kept batches let go return
+        (zero-copy: the next batches' views are made), the gauges and feedline's CPU in this process go to
+        ``stats``."""
         if self.kept is not None:
             self.kept.give_back_idle()
         elif isinstance(self.queue, DirectHandOff):  # zero-copy on a CPU host: next()'s views made ahead

@@ -7,8 +7,9 @@ workers, sends epoch plans, replaces workers, and closes the supervisor when
 it ends. The consumer side (transfer threads, the training loop) takes and
 releases slots, and reads the results it waits for from the workers' pipes
 itself (``waiters.py``): a batch costs no wake-up of the dispatcher, which
-wakes for starts, deaths, full pipes and its tick (4 a second), and then reads
-every pipe once, so a worker's state is never older than a second.
+wakes for starts, deaths, full pipes and its tick (4 a second, once a second
+where no sink listens), and then reads every pipe once, so a worker's state
+is never older than a second.
 
 No wait is unbounded (``stall_timeout``): a consumer's wait for the lock or a
 batch reads the dispatcher's heartbeat (``watchdog.py``); the dispatcher ends
@@ -42,7 +43,7 @@ from .messages import (
     encode_fill,
 )
 from .scheduler import EpochEnd, EpochProgress, ReadyBatch, Scheduler
-from .dispatcher import Dispatcher
+from .dispatcher import TICK, Dispatcher
 from .supervisor import Supervisor
 from .waiters import Waiters
 
@@ -57,7 +58,7 @@ class WorkerPool(Dispatcher):
     def __init__(self, ring: BatchRing, launcher: Launcher, setup: dict[str, Any], workers: int,
                  stats: StatsRecorder, error_budget: ErrorBudget, *, in_order: bool = True,
                  worker_timeout: float = 0.0, stall_timeout: float = 120.0, worker_memory: int = 0,
-                 on_tick: Callable[[], None] | None = None, cost: TrainerCost | None = None,
+                 on_tick: Callable[[], None] | None = None, tick: float = TICK, cost: TrainerCost | None = None,
                  cpus_of: Callable[[int], tuple[int, ...]] | None = None):
         self._stats = stats
         self.cost = cost if cost is not None else TrainerCost()
@@ -65,6 +66,7 @@ class WorkerPool(Dispatcher):
         self.stall_timeout = stall_timeout
         self._budget = error_budget
         self._on_tick = on_tick
+        self.tick = tick  # seconds between the dispatcher's ticks (dispatcher.tick_seconds)
         self._cv = threading.Condition()
         self._scheduler = Scheduler(ring.slots, workers, in_order)
         self._beat = Heartbeat("the loader's dispatcher thread")
