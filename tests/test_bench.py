@@ -260,3 +260,34 @@ def test_a_sigterm_stops_the_bench_and_removes_its_samples_from_dev_shm(tmp_path
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert {e for e in os.listdir("/dev/shm") if e.startswith("feedline-bench-")} - before == set()
     assert not (tmp_path / "b.json").exists()  # nothing half-written
+
+
+def test_a_quick_row_forked_from_the_zygote_reports_as_its_own_process_would():
+    """``--quick``'s rows are forked from one process that imported torch (``zygote.py``): each keeps its own
+    stdout, stderr and exit status, and the server is gone once the zygote is closed."""
+    import multiprocessing.forkserver as forkserver
+
+    from feedline.bench.zygote import Zygote
+
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "feedline.bench.contenders"]
+    with Zygote() as zygote:
+        module = zygote.module_of(cmd, env)
+        assert module == "feedline.bench.contenders"
+        ok = zygote.run(module, ["--help"], env, timeout=120)
+        bad = zygote.run(module, ["feedline", "--workload", "raw"], env, timeout=120)  # --shards is missing
+        server = forkserver._forkserver._forkserver_pid
+    assert ok.returncode == 0 and "--steps-per-s" in ok.stdout
+    assert bad.returncode == 2 and "--shards" in bad.stderr and bad.stdout == ""
+    assert server is not None and not os.path.exists(f"/proc/{server}")  # stopped at close, not at exit
+
+
+def test_rows_a_forked_process_cannot_run_are_left_to_a_subprocess():
+    from feedline.bench.zygote import Zygote
+
+    env = dict(os.environ)
+    zygote = Zygote()
+    stock = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [".venv/stock-pillow", env.get("PYTHONPATH")])))
+    assert zygote.module_of([sys.executable, "-m", "feedline.bench.contenders"], stock) is None  # another Pillow
+    assert zygote.module_of([sys.executable, "-m", "feedline.bench.peers"], env) is None  # the peers' own venv
+    assert zygote.module_of(["/other/python", "-m", "feedline.bench.contenders"], env) is None

@@ -20,6 +20,7 @@ from typing import Any
 from ..api.config import parse_size
 from ..demo.datasets import make_dataset
 from ..preflight import pil_is_simd
+from . import zygote
 from .shm import remove_orphaned_torch_shm, torch_shm
 
 log = logging.getLogger("feedline.bench")
@@ -123,8 +124,13 @@ def _run_json(cmd: list[str], env: dict[str, str], workload: str, label: str) ->
     """Run one contender process; its last stdout line is its JSON result."""
     print(f"  {workload:5s} {label} ...", file=sys.stderr, flush=True)
     before = torch_shm()
+    quick = zygote.current()  # --quick: a row forked from a process that imported torch already
+    module = quick.module_of(cmd, env) if quick is not None else None
     try:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if quick is not None and module is not None:
+            out = quick.run(module, cmd[3:], env, timeout=600)
+        else:
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     finally:
         remove_orphaned_torch_shm(before, label)
     if out.returncode != 0:

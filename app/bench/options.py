@@ -15,8 +15,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=5, help="rounds; contenders interleaved in a rotating order")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of each contender's discarded warm-up run")
     p.add_argument("--quick", action="store_true",
-                   help="one round, no warm-up run, at most 1 s each, two contenders at a time: checks that everything "
-                        "runs (not a measurement)")
+                   help="one round, no warm-up run, at most 1 s each, two contenders at a time, each forked from one "
+                        "process that imported torch: checks that everything runs (not a measurement)")
     p.add_argument("--raw-samples", type=int, default=1024, help="1 MiB samples in the raw workload")
     p.add_argument("--jpeg-samples", type=int, default=4000)
     p.add_argument("--sample-size", default="1MiB")

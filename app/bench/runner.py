@@ -9,6 +9,7 @@ numbers, are what carries between machines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from .small import PACED, SMALL_BYTES, STANDIN_ROWS
 from .sections import SECTIONS, keep_earlier_sections
 from .shuffle_section import Runners, shuffle_workload
 from .rounds import AGAINST_DRAFT, Contender, interleaved, split_against_draft
+from .zygote import Zygote
 from .contend import (
     FAST_ROWS,
     FILE_ROWS,
@@ -78,41 +80,47 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     # machine) left it in /dev/shm when it was made first
     shm_root = tempfile.mkdtemp(prefix="feedline-bench-", dir=args.shm)
     try:
-        for workload in workloads:
-            if workload in SECTIONS:  # a section of its own, not a loader workload's rows
-                results[workload] = {"sampler": _sampler_workload, "distributed": _distributed_workload,
-                                     "scaling": _scaling_workload, "e2e": _e2e_workload,
-                                     "shuffle": _shuffle_workload, "launch": _launch_workload,
-                                     "placement": _placement_workload,
-                                     "remote": _remote_workload}[workload](args, shm_root)
-                continue
-            if workload == "small":  # 3x64x64 samples: the training process's share a batch (issue 60)
-                src = _dataset("raw", args.small_samples, SMALL_BYTES, args.cache_dir)
-            elif workload == "video":  # clips decoded in the workers (issue 61)
-                src = _dataset("video", args.video_samples, 0, args.cache_dir)
-            else:
-                count = args.raw_samples if workload == "raw" else args.jpeg_samples // (2 if workload == "captioned"
-                                                                                         else 1)
-                src = _dataset(workload, count, parse_size(args.sample_size), args.cache_dir)
-            peers = _peers_python(args) if workload in ("raw", "jpeg") else None
-            if peers:
-                _peer_formats(src, workload, peers)
-            dst = os.path.join(shm_root, workload)
-            shutil.copytree(src, dst, ignore=None if peers else _PEER_DIRS)
-            shards = os.path.join(dst, "*.tar")
-            rows = interleaved(_contenders(workload, shards, args, peers), args.rounds, args.seconds, args.warmup,
-                               _at_once(args))
-            results["workloads"][workload] = split_against_draft(rows)
-            if workload == "jpeg" and not args.quick and shutil.which("valgrind"):  # issue 68: instructions
-                from .bookkeeping import measure
-
-                results["bookkeeping"] = measure(shards)
-            shutil.rmtree(dst)
+        with Zygote() if args.quick else contextlib.nullcontext():  # --quick: rows forked from one that has torch
+            _run_workloads(args, workloads, results, shm_root)
         results["cuda_copy"] = _cuda_copy_bandwidth()
     finally:
         shutil.rmtree(shm_root, ignore_errors=True)
     results["targets"] = targets(results, args.workers)
     return results
+
+
+def _run_workloads(args: argparse.Namespace, workloads: list[str], results: dict[str, Any], shm_root: str) -> None:
+    """Each workload's rows, and the sections of their own, into ``results``."""
+    for workload in workloads:
+        if workload in SECTIONS:  # a section of its own, not a loader workload's rows
+            results[workload] = {"sampler": _sampler_workload, "distributed": _distributed_workload,
+                                 "scaling": _scaling_workload, "e2e": _e2e_workload,
+                                 "shuffle": _shuffle_workload, "launch": _launch_workload,
+                                 "placement": _placement_workload,
+                                 "remote": _remote_workload}[workload](args, shm_root)
+            continue
+        if workload == "small":  # 3x64x64 samples: the training process's share a batch (issue 60)
+            src = _dataset("raw", args.small_samples, SMALL_BYTES, args.cache_dir)
+        elif workload == "video":  # clips decoded in the workers (issue 61)
+            src = _dataset("video", args.video_samples, 0, args.cache_dir)
+        else:
+            count = args.raw_samples if workload == "raw" else args.jpeg_samples // (2 if workload == "captioned"
+                                                                                     else 1)
+            src = _dataset(workload, count, parse_size(args.sample_size), args.cache_dir)
+        peers = _peers_python(args) if workload in ("raw", "jpeg") else None
+        if peers:
+            _peer_formats(src, workload, peers)
+        dst = os.path.join(shm_root, workload)
+        shutil.copytree(src, dst, ignore=None if peers else _PEER_DIRS)
+        shards = os.path.join(dst, "*.tar")
+        rows = interleaved(_contenders(workload, shards, args, peers), args.rounds, args.seconds, args.warmup,
+                           _at_once(args))
+        results["workloads"][workload] = split_against_draft(rows)
+        if workload == "jpeg" and not args.quick and shutil.which("valgrind"):  # issue 68: instructions
+            from .bookkeeping import measure
+
+            results["bookkeeping"] = measure(shards)
+        shutil.rmtree(dst)
 
 
 def _launch_workload(args: argparse.Namespace, shm_root: str) -> dict[str, Any]:
