@@ -1,6 +1,7 @@
 """A webdataset shard index (``widsindex create`` of the ``wids`` package) as ``shards=``: its shards, and the sample
 counts it gives, so the plan and a mixture's draw read no index of a shard the rank does not read (issue 71)."""
 
+import fcntl
 import json
 import os
 import subprocess
@@ -19,6 +20,9 @@ from helpers import id_shards
 
 SPEC = {"bin": ("uint8", (64,)), "cls": "int64"}
 WIDSINDEX = os.path.join(os.path.dirname(sys.executable), "widsindex")
+# `widsindex create` copies each shard to the fixed path /tmp/shard.tar and counts that copy, so two runs at once
+# (two xdist workers) count each other's shards: seen in CI as a listing of 7 samples for a shard of 5
+TOOL_LOCK = "/tmp/feedline-tests-widsindex.lock"
 
 
 def _listed(folder: str, shards: int, per_shard: int, first_id: int = 0) -> str:
@@ -30,8 +34,10 @@ def _listed(folder: str, shards: int, per_shard: int, first_id: int = 0) -> str:
         from helpers import id_samples, write_tar
         paths = [write_tar(os.path.join(folder, f"ids-{k:04d}.tar"), id_samples(first_id + k * per_shard, per_shard))
                  for k in range(shards)]
-    out = subprocess.run([WIDSINDEX, "create", *[os.path.basename(p) for p in paths]], cwd=folder,
-                         capture_output=True, text=True, timeout=120)
+    with open(TOOL_LOCK, "a") as lock:  # the tool copies every shard to /tmp/shard.tar to count it: one at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out = subprocess.run([WIDSINDEX, "create", *[os.path.basename(p) for p in paths]], cwd=folder,
+                             capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return os.path.join(folder, "shardindex.json")
 
