@@ -50,7 +50,7 @@ def _row(module: str, argv: list[str], env: dict[str, str], out: str, err: str) 
 
 
 class Zygote:
-    """Forks the quick rows; ``close()`` (or the context's end) stops using it."""
+    """Forks the quick rows from one server process; ``close()`` (or the context's end) stops the server."""
 
     def __init__(self) -> None:
         self._ctx = multiprocessing.get_context("forkserver")
@@ -64,7 +64,7 @@ class Zygote:
         package, _, name = cmd[2].rpartition(".")
         if package != "feedline.bench" or name not in MODULES:
             return None
-        if env is not None and env.get("PYTHONPATH") != os.environ.get("PYTHONPATH"):  # another Pillow first on the path
+        if env is not None and env.get("PYTHONPATH") != os.environ.get("PYTHONPATH"):  # another Pillow first
             return None
         return cmd[2]
 
@@ -76,7 +76,8 @@ class Zygote:
             for path in (out, err):
                 open(path, "w").close()
             env = dict(os.environ) if env is None else env
-            proc = self._ctx.Process(target=_row, args=(module, argv, env, out, err))  # not daemonic: rows start workers
+            # not daemonic: a row starts processes of its own (its loader's workers)
+            proc = self._ctx.Process(target=_row, args=(module, argv, env, out, err))
             proc.start()
             try:
                 proc.join(timeout)

@@ -141,8 +141,7 @@ class DirectHandOff:
         rest in ``next()``, warm)."""
         if self._decoder is not None:
             return
-        for slot, cached in enumerate(self._slots):
-            stock = self._stock[slot]
+        for cached, stock in zip(self._slots, self._stock):
             while cached is not None and len(stock) < STOCK:
                 stock.append({k: SlotView.of(v) for k, v in cached[0].items()})
 

@@ -2,8 +2,9 @@
 
 It wakes for what only it can do — a worker to start or replace, a pipe full of fills to flush, a tick for the
 gauges and the stall checks (4 a second where a sink listens, else once a second: ``tick_seconds``) — never for
-a batch: the consumers read their batches' results themselves. At each check it reads every pipe once, so a worker's state is never older than ``worker_timeout``
-/ 4 (a second at most), and wakes a waiting consumer when what it watched changed.
+a batch: the consumers read their batches' results themselves. At each check it reads every pipe once, so a
+worker's state is never older than ``worker_timeout`` / 4 (a second at most), and wakes a waiting consumer when
+what it watched changed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ log = logging.getLogger("feedline.loader")
 
 TICK = 0.25  # seconds between the gauges pushed to the stats sink
 IDLE_TICK = 1.0  # seconds between ticks where nobody listens: the stall checks' and the views' pace, no gauges
+ASKING = 2.0  # seconds after its last take() a consumer still counts as waiting for a batch
+PAUSED = 5.0  # a gap this long between two dispatcher loops: the process was stopped (Ctrl-Z), or it was stuck
 
 
 def tick_seconds(listens: bool, stall_timeout: float) -> float:
@@ -26,8 +29,6 @@ def tick_seconds(listens: bool, stall_timeout: float) -> float:
     training process 0.1-0.3 ms of CPU (its code cold after a wait), so it wakes a quarter as often; it still
     beats well within ``stall_timeout``, which a consumer reads as the dispatcher being stuck."""
     return TICK if listens else min(IDLE_TICK, max(TICK, stall_timeout / 4))
-ASKING = 2.0  # seconds after its last take() a consumer still counts as waiting for a batch
-PAUSED = 5.0  # a gap this long between two dispatcher loops: the process was stopped (Ctrl-Z), or it was stuck
 
 
 class Dispatcher:
