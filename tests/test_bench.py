@@ -262,25 +262,34 @@ def test_a_sigterm_stops_the_bench_and_removes_its_samples_from_dev_shm(tmp_path
     assert not (tmp_path / "b.json").exists()  # nothing half-written
 
 
+ZYGOTE_ROWS = """
+import json, os, sys
+import multiprocessing.forkserver as forkserver
+from feedline.bench.zygote import Zygote
+
+env = dict(os.environ)
+with Zygote() as zygote:
+    module = zygote.module_of([sys.executable, "-m", "feedline.bench.contenders"], env)
+    ok = zygote.run(module, ["--help"], env, timeout=120)
+    bad = zygote.run(module, ["feedline", "--workload", "raw"], env, timeout=120)  # --shards is missing
+    server = forkserver._forkserver._forkserver_pid
+print(json.dumps({"module": module, "ok": [ok.returncode, ok.stdout], "bad": [bad.returncode, bad.stdout, bad.stderr],
+                  "server": server, "server_alive": server is not None and os.path.exists(f"/proc/{server}")}))
+"""
+
+
 def test_a_quick_row_forked_from_the_zygote_reports_as_its_own_process_would():
     """``--quick``'s rows are forked from one process that imported torch (``zygote.py``): each keeps its own
-    stdout, stderr and exit status, and the server is gone once the zygote is closed."""
-    import multiprocessing.forkserver as forkserver
-
-    from feedline.bench.zygote import Zygote
-
-    env = dict(os.environ)
-    cmd = [sys.executable, "-m", "feedline.bench.contenders"]
-    with Zygote() as zygote:
-        module = zygote.module_of(cmd, env)
-        assert module == "feedline.bench.contenders"
-        ok = zygote.run(module, ["--help"], env, timeout=120)
-        bad = zygote.run(module, ["feedline", "--workload", "raw"], env, timeout=120)  # --shards is missing
-        server = forkserver._forkserver._forkserver_pid
-    assert ok.returncode == 0 and "--steps-per-s" in ok.stdout
-    assert bad.returncode == 2 and "--shards" in bad.stderr and bad.stdout == ""
-    assert server is not None and not os.path.exists(f"/proc/{server}")  # stopped at close, not at exit
-
+    stdout, stderr and exit status, and the server is gone once the zygote is closed. (In a process of its own:
+    a forkserver brings up multiprocessing's resource tracker, which lives as long as the process that started
+    it, and tests that count this process's children would see it.)"""
+    run = subprocess.run([sys.executable, "-c", ZYGOTE_ROWS], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["module"] == "feedline.bench.contenders"
+    assert got["ok"][0] == 0 and "--steps-per-s" in got["ok"][1]
+    assert got["bad"][0] == 2 and "--shards" in got["bad"][2] and got["bad"][1] == ""
+    assert got["server"] is not None and not got["server_alive"]  # stopped at close, not at exit
 
 def test_rows_a_forked_process_cannot_run_are_left_to_a_subprocess():
     from feedline.bench.zygote import Zygote
