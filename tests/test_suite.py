@@ -32,3 +32,37 @@ def test_an_xdist_group_runs_in_one_worker(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     workers = notes.read_text().split()
     assert len(workers) == 6 and len(set(workers)) == 1, workers
+
+
+COMPILES = '''
+import importlib._bootstrap_external as external
+import os
+
+compiled = []
+to_code = external.SourceLoader.source_to_code
+
+
+def source_to_code(self, data, path, *args, **kwargs):
+    compiled.append(path)
+    return to_code(self, data, path, *args, **kwargs)
+
+
+external.SourceLoader.source_to_code = source_to_code
+from feedline import StagingLoader  # what a training script imports
+import feedline.appliance.cli  # what a command imports
+import feedline.loader.workers.worker  # what each worker imports
+
+import feedline
+
+root = os.path.dirname(feedline.__file__) + os.sep
+print("\\n".join(p for p in compiled if p.startswith(root)))
+'''
+
+
+def test_feedline_imports_from_its_bytecode_even_where_python_writes_none():
+    """scripts/setup compiles feedline: where PYTHONDONTWRITEBYTECODE is set (here, and in many CI runners) an
+    editable install would otherwise compile every module again in every process the suite starts."""
+    run = subprocess.run([sys.executable, "-c", COMPILES], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == [], f"compiled from source (run ./scripts/setup): {run.stdout.split()[:5]}"
