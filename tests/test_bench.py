@@ -291,6 +291,7 @@ def test_a_quick_row_forked_from_the_zygote_reports_as_its_own_process_would():
     assert got["bad"][0] == 2 and "--shards" in got["bad"][2] and got["bad"][1] == ""
     assert got["server"] is not None and not got["server_alive"]  # stopped at close, not at exit
 
+
 def test_rows_a_forked_process_cannot_run_are_left_to_a_subprocess():
     from feedline.bench.zygote import Zygote
 
