@@ -101,6 +101,7 @@ def test_batches_are_bit_identical_with_remote_decoding_off_for_some_places_and_
                                                                                       two_places):
     expected, stats = local
     assert stats.batches_decoded_total == {"local": len(expected), "remote": 0}
+    assert stats.worker_places == {"local": 2, "remote": 0}
     for places, stream in ((1, True), (2, True), (2, False)):  # stream off: calls and slots through Ray
         if (places, stream) == (2, True):
             got, stats = two_places
@@ -110,6 +111,7 @@ def test_batches_are_bit_identical_with_remote_decoding_off_for_some_places_and_
         assert stats.batches_decoded_total["remote"] > 0
         remote = stats.batches_decoded_total["remote"]
         assert stats.batches_decoded_total["local"] == (0 if places == 2 else len(expected) - remote)
+        assert stats.worker_places == {"local": 2 - places, "remote": places}  # where each place's last batch was
         assert stats.remote_bytes_total["sent"] > 0 and stats.remote_bytes_total["received"] > 0
 
 
@@ -161,25 +163,28 @@ class SlowCrop(RandomResizedCrop):
 def test_an_actor_killed_mid_batch_is_replaced_and_nothing_is_lost_or_repeated(cluster, shards, local):
     expected, _ = local
     killed = []
+    running = []
 
     def killer():
+        """Once both places' last batches came from actors (each has taken its actor, and holds its next batch on
+        it), one actor is killed: not one still starting, which its place would replace before using it."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not killed:
             pids = actor_pids()
-            if len(pids) == 2:
-                time.sleep(0.4)  # into a batch
+            if running and len(pids) == 2 and running[0].stats().worker_places["remote"] == 2:
                 try:
                     os.kill(pids[0], signal.SIGKILL)
                 except ProcessLookupError:  # gone meanwhile (listed as it ended): the next look finds the others
                     continue
                 killed.append(pids[0])
-            time.sleep(0.05)
+            time.sleep(0.02)
 
     t = threading.Thread(target=killer, daemon=True)
-    t.start()
     out = []
     with StagingLoader(shards, batch_size=BATCH, workers=2, transform=SlowCrop(24, fields=["jpg"]), seed=7,
                        remote=f"{cluster.address},places=2") as loader:
+        running.append(loader)
+        t.start()
         for b in loader:
             out.append((b["jpg"].clone(), [int(c) for c in b["cls"]], list(b["__key__"])))
         stats = loader.stats()

@@ -116,6 +116,7 @@ class LoaderStats:
     remote_decode_seconds_total: float = 0.0
     remote_redone_batches_total: int = 0
     remote_bytes_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
+    worker_places: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PLACES, 0))
     kept_batches_copied_total: int = 0
     epoch: int = -1
 
@@ -307,6 +308,7 @@ class StatsRecorder:
                  workers: dict[str, int]) -> LoaderStats:
         with self._lock:
             s = self._s
+            places = list(self._place_of.values())
             return LoaderStats(
                 data_wait_seconds_total=s.data_wait_seconds_total,
                 data_wait_seconds=s.data_wait_seconds.copy(),
@@ -327,6 +329,7 @@ class StatsRecorder:
                 remote_decode_seconds_total=s.remote_decode_seconds_total,
                 remote_redone_batches_total=s.remote_redone_batches_total,
                 remote_bytes_total=dict(s.remote_bytes_total),
+                worker_places={place: places.count(k) for k, place in enumerate(PLACES)},
                 kept_batches_copied_total=s.kept_batches_copied_total,
                 epoch=s.epoch,
             )
