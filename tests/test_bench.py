@@ -301,3 +301,19 @@ def test_rows_a_forked_process_cannot_run_are_left_to_a_subprocess():
     assert zygote.module_of([sys.executable, "-m", "feedline.bench.contenders"], stock) is None  # another Pillow
     assert zygote.module_of([sys.executable, "-m", "feedline.bench.peers"], env) is None  # the peers' own venv
     assert zygote.module_of(["/other/python", "-m", "feedline.bench.contenders"], env) is None
+
+
+def test_a_row_that_sets_what_torch_reads_at_import_runs_as_a_subprocess():
+    """The zygote imported torch before it forked: a row that sets its thread count (or Python's hash seed) would
+    silently run with the server's."""
+    from feedline.bench.zygote import Zygote
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONHASHSEED")}
+    zygote = Zygote()
+    cmd = [sys.executable, "-m", "feedline.bench.contenders"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("OMP_NUM_THREADS", raising=False)
+        mp.delenv("PYTHONHASHSEED", raising=False)
+        assert zygote.module_of(cmd, env) == "feedline.bench.contenders"
+        assert zygote.module_of(cmd, dict(env, OMP_NUM_THREADS="1")) is None
+        assert zygote.module_of(cmd, dict(env, PYTHONHASHSEED="0")) is None

@@ -12,7 +12,8 @@ Only ``python -m feedline.bench.<module> ...`` with the bench's own interpreter 
 stock-Pillow rows put another Pillow first on the path, which a preloaded process cannot take back); anything
 else runs as a subprocess. The server is stopped at ``close()`` (and ends with the bench's process in any case: it
 reads a pipe the bench holds), and a row still running when the bench is stopped is killed, as
-``subprocess.run`` kills its child.
+``subprocess.run`` kills its child. So is a row whose environment changes what Python or torch read as they start
+(``AT_START``: the hash seed, torch's thread counts): the server read them before it forked.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from typing import Any
 
 PRELOAD = ["torch", "feedline.bench.contenders"]  # what every quick row imports first: ~1.8 s of CPU a process
 MODULES = ("contenders", "e2e", "launch", "placement_bench")  # bench modules whose main(argv) a row runs
+# read when Python or the preloaded torch starts: a forked row inherits the server's, whatever its env says
+AT_START = ("PYTHONPATH", "PYTHONHASHSEED", "PYTHONMALLOC", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+            "OPENBLAS_NUM_THREADS")
 _current: "Zygote | None" = None
 
 
@@ -64,8 +68,8 @@ class Zygote:
         package, _, name = cmd[2].rpartition(".")
         if package != "feedline.bench" or name not in MODULES:
             return None
-        if env is not None and env.get("PYTHONPATH") != os.environ.get("PYTHONPATH"):  # another Pillow first
-            return None
+        if env is not None and any(env.get(k) != os.environ.get(k) for k in AT_START):
+            return None  # another Pillow first, or a setting the server read before it forked (torch's threads)
         return cmd[2]
 
     def run(self, module: str, argv: list[str], env: dict[str, str] | None,
