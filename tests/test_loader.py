@@ -96,6 +96,32 @@ def test_a_zero_copy_batch_held_past_the_loaders_close_raises_instead_of_reading
         batch["bin"].sum()  # the ring is unmapped: a plain view here would crash the process
 
 
+def test_a_slot_gets_as_many_views_made_ahead_as_it_handed_out_since_the_last_tick_and_none_twice(tmp_path):
+    from feedline.loader.device.handoff import MAX_STOCK, STOCK
+
+    many = id_shards(str(tmp_path / "many"), shards=4, per_shard=250)
+    with StagingLoader(many, batch_size=4, workers=2, spec=ID_SPEC, zero_copy=True) as loader:
+        it = iter(loader)
+        handoff = loader._pipeline.queue
+        handed, seen, peak = [], set(), 0
+        for _ in range(3):  # a step far faster than a tick: slots hand out views the tick has not made yet
+            for _ in range(70):
+                batch = next(it)
+                assert id(batch["bin"]) not in seen  # a view is never handed out twice (a kept one must raise)
+                seen.add(id(batch["bin"]))
+                handed.append(batch)  # kept alive: no id is reused
+            counts = list(handoff._handed)
+            peak = max(peak, *counts)
+            handoff.restock()  # the dispatcher's tick, now
+            for slot, stock in enumerate(handoff._stock):
+                if handoff._slots[slot] is not None:
+                    assert len(stock) >= min(MAX_STOCK, max(STOCK, counts[slot] + counts[slot] // 4))
+        assert peak > STOCK  # the test's own premise: some slot handed out more than the floor
+        assert all(n == 0 for n in handoff._handed)
+        with pytest.raises(LoaderError, match="clone"):
+            handed[-2]["bin"].sum()  # made ahead or not, a view let go raises
+
+
 def test_a_zero_copy_batch_is_intact_until_the_next_batch_is_taken(shards):
     with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, zero_copy=True, shuffle=False) as loader:
         for batch in loader:
