@@ -143,3 +143,53 @@ def test_device_decode_crops_follow_the_sample_into_another_split(images):
         rest = crops(fewer)
     assert len(rest) + len(seen) == 96
     assert all(rest[k] == reference[k] for k in rest) and all(seen[k] == reference[k] for k in seen)
+
+
+class RandomOnlyJitter(Jitter):
+    """Jitter's draws, from a class that says it draws from ``random`` only: a worker seeds nothing else for it
+    (here it draws from the others all the same, to show they were left alone)."""
+
+    generators = ("random",)
+
+
+def _seeded(key, shard, draw):
+    """What ``draw`` gives after the generators are seeded from this sample of the first epoch (seed 5)."""
+    from feedline.loader.plan.seeding import reseed, sample_seed
+
+    reseed(sample_seed(5, 0, shard, key))
+    return draw()
+
+
+def test_a_transform_that_declares_its_generators_gets_only_those_seeded_for_each_sample(images, reference):
+    _, samples, _ = reference  # Jitter declares nothing: all three seeded from each sample
+    shard = {f"k{s}": images.replace("*", str(s)) for s in range(4)}
+    with loader(images, transform=Compose(RandomResizedCrop(16, fields=["jpg"]), RandomOnlyJitter())) as declared:
+        got = {k: v for b in declared for k, v in per_sample(b).items()}
+    assert got.keys() == samples[0].keys()
+    left_alone = 0
+    for key, (pixels, noise) in got.items():
+        full = np.frombuffer(samples[0][key][1])
+        mine = np.frombuffer(noise)
+        assert full[1] == _seeded(key, shard[key[:2]], np.random.random)  # the undeclared run: numpy seeded
+        assert pixels == samples[0][key][0] and mine[0] == full[0]  # random: seeded as before, the same crops
+        left_alone += mine[1] != full[1] and mine[2] != full[2]
+    assert left_alone == len(got)  # numpy and torch: each sample's draw goes on from the last, unseeded
+
+
+def test_a_transform_class_that_declares_a_generator_no_worker_seeds_is_refused_at_start(images):
+    class Cupy(Jitter):
+        generators = ("random", "cupy")
+
+    with pytest.raises(ValueError, match=r"Cupy.generators names \['cupy'\].*\['numpy', 'random', 'torch'\]"):
+        loader(images, transform=Cupy())
+
+
+def test_a_subclass_that_declares_nothing_gets_every_generator_seeded():
+    from feedline.formats.transforms import GENERATORS, generators_of
+
+    class Mine(RandomResizedCrop):  # may draw from numpy in a __call__ of its own
+        pass
+
+    assert generators_of(RandomResizedCrop(8)) == {"random"} and generators_of(Mine(8)) == GENERATORS
+    assert generators_of(Compose(RandomResizedCrop(8))) == {"random"}
+    assert generators_of(Compose(RandomResizedCrop(8), Jitter())) == GENERATORS and generators_of(None) == set()

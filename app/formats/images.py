@@ -25,6 +25,7 @@ COMMON_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")  # tried first, i
 _formats: tuple[str, ...] | None = None  # Pillow's formats of those extensions: all Image.open may try
 
 _pillow_pixels: int | None = None  # the MAX_IMAGE_PIXELS this process set: the largest any decoder's bound allows
+_bomb: type | None = None  # Pillow's DecompressionBombWarning, once limit_pillow set its filter
 _own_process = False  # a decode worker's: Pillow's settings are ours to set (never the user's training process)
 
 
@@ -43,17 +44,20 @@ def limit_pillow(bound: int) -> None:
     largest, and each decoder's own check (``decode_image``) holds its smaller ones. The warnings filter is
     set again if something reset the filters since (``warnings.catch_warnings`` in the training process).
     """
-    global _pillow_pixels
+    global _pillow_pixels, _bomb
     if not _own_process:
         return
+    pixels = max(1, bound // IMAGE_BYTES_PER_PIXEL)
+    filters = warnings.filters
+    if pixels == _pillow_pixels and filters and filters[0][0] == "error" and filters[0][2] is _bomb:
+        return  # every image a worker decodes: the bound set and the filter first, as this call left them
     from PIL import Image
 
-    pixels = max(1, bound // IMAGE_BYTES_PER_PIXEL)
     if _pillow_pixels is None or pixels > _pillow_pixels:
         Image.MAX_IMAGE_PIXELS = _pillow_pixels = pixels
-    bomb = Image.DecompressionBombWarning
-    if not any(f[0] == "error" and f[2] is bomb for f in warnings.filters):
-        warnings.simplefilter("error", bomb)
+    _bomb = Image.DecompressionBombWarning
+    if not any(f[0] == "error" and f[2] is _bomb for f in warnings.filters):
+        warnings.simplefilter("error", _bomb)
 
 
 _PILLOW_PIXELS = re.compile(r"\((\d+) pixels\)")

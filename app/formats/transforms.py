@@ -17,6 +17,27 @@ from . import fastjpeg
 from .decoders import IMAGE_EXTENSIONS, format_of
 
 
+# What a sample's transform may draw from: a worker seeds each from the sample before the transform runs
+# (loader/plan/seeding.py), those a transform's class declares in ``generators`` or, where it declares none, all.
+GENERATORS = frozenset({"random", "numpy", "torch"})
+
+
+def generators_of(transform: Any) -> frozenset[str]:
+    """The generators a sample's draws need seeded: none without a transform; those its class declares in
+    ``generators`` (a class attribute or property); all three where it declares none. Read on the transform's
+    own class, not inherited: a subclass that changes ``__call__`` may draw from others, so it declares anew."""
+    if transform is None:
+        return frozenset()
+    if "generators" not in vars(type(transform)):
+        return GENERATORS
+    declared = frozenset(transform.generators)
+    unknown = declared - GENERATORS
+    if unknown:
+        raise ValueError(f"{type(transform).__name__}.generators names {sorted(unknown)}: the generators a "
+                         f"transform may draw from are {sorted(GENERATORS)}")
+    return declared
+
+
 class Uniform(Protocol):
     """Where crops draw from: the ``random`` module in the workers, a seeded ``random.Random`` elsewhere."""
 
@@ -59,6 +80,8 @@ class RandomResizedCrop:
     CMYK and other images) Pillow decodes, in draft mode. Either way the result is a PIL RGB image
     (which the batch slot packs in one pass), and the same seed draws the same box and flip.
     """
+
+    generators = ("random",)  # the box and the flip: a worker leaves np.random and torch unseeded for it
 
     def __init__(
         self,
@@ -148,6 +171,11 @@ class Compose:
 
     def __init__(self, *transforms: Any):
         self.transforms = transforms
+
+    @property
+    def generators(self) -> frozenset[str]:
+        """What its transforms draw from, together (all three where one of them declares nothing)."""
+        return frozenset().union(*(generators_of(t) for t in self.transforms))
 
     @property
     def threads_per_worker(self) -> int:

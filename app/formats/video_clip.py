@@ -37,6 +37,8 @@ SHORT = ("pad", "skip")
 class VideoClip:
     """The clip transform (see the module's docstring); picklable, as every transform is."""
 
+    generators = ("random",)  # the windows, the box and the flip (transforms.generators_of)
+
     def __init__(self, frames: int = 16, stride: int = 2, size: int | tuple[int, int] = 224, *,
                  mode: str = "random", clips: int = 1, scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True, short: str = "pad",

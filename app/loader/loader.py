@@ -30,6 +30,7 @@ from ..cache.mix import part_dir, wait_for_layout
 from ..cache.source import CacheSource
 from ..errors import SettingError
 from ..formats.decoders import Decoder
+from ..formats.transforms import generators_of
 from ..sink import StatsSink
 from .cost import CostSnapshot, TrainerCost
 from .cpus.pinning import ProcessPins
@@ -202,6 +203,7 @@ class StagingLoader(LoaderEpochs):
         self.placement = for_this_process(s.cpu_placement, s.trainer_cores, on_device,  # cpus/placement.py
                                           self.device.index if self.device.type == "cuda" else None)
         threads_per_worker = int(getattr(transform, "threads_per_worker", 1))
+        generators_of(transform)  # a transform's class that declares what no worker seeds is refused here
         placed = len(self.placement.worker_cpus) if self.placement.placed else None
         remote_most, grows_onto = 0, False  # workers="auto" with remote=: the cluster's places, after the local ones
         if s.remote is not None and self.auto_workers:

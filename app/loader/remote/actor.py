@@ -96,7 +96,7 @@ class DecodeActor:
             if b.n >= self.batch_size:
                 raise RuntimeError(f"more samples than the batch's {self.batch_size} rows")
             if seed is not None:
-                reseed(seed)
+                reseed(seed, writer.reseed)
             try:
                 r, w = writer.write(data, path, Sample(key, {e: (o, s) for e, o, s in fields}), b.views, b.n, source)
                 read += r

@@ -13,6 +13,7 @@ import numpy as np
 
 from ...formats.decoders import DecodeError, MemberTooLarge
 from ...formats.sample_index import Sample
+from ...formats.transforms import generators_of
 from ..layout.sample import load_sample
 from ..layout.side import SideWriter
 from ..layout.spec import SampleRejected, fill
@@ -27,6 +28,7 @@ class SampleWriter:
     def __init__(self, layout: RingLayout, code: Any):
         self.code = code
         self.fields = layout.fields
+        self.columns = [(f, f.name, f.source, f.length_name) for f in self.fields]  # looked up once, not a sample
         self.side = SideWriter(layout.side_fields, layout.side_bytes)
         self.sources = layout.spec.sources
         self.wanted = self.sources if code.transform is None else None
@@ -34,7 +36,9 @@ class SampleWriter:
         # hands them over as views (a source also read by a side field is not among them)
         slotted = {f.source for f in self.fields} - {f.source for f in layout.side_fields}
         self.views = frozenset(code.selection.sources_of(slotted) if code.transform is None else ())
-        self.reseed = code.transform is not None  # only a transform draws: plain decoding costs nothing
+        # the generators each sample seeds: only a transform draws (plain decoding costs nothing), and only from
+        # those it declares (formats/transforms.py)
+        self.reseed = generators_of(code.transform)
 
     def begin(self) -> None:
         """A new batch: side values pack from the start of the slot's side region."""
@@ -46,8 +50,8 @@ class SampleWriter:
         loaded, read = load_sample(data, path, sample, self.code.decoder, self.code.selection, self.wanted,
                                    self.code.transform, self.sources, source, self.views)
         written = 0
-        for f in self.fields:
-            written += fill(f, views[f.name], loaded[f.source], views.get(f.length_name), i)
+        for f, name, source_name, length_name in self.columns:
+            written += fill(f, views[name], loaded[source_name], views.get(length_name), i)
         written += self.side.write(views, i, sample.key, loaded, source)  # last: packs, no gaps on a reject
         loaded.clear()
         return read, written

@@ -30,7 +30,7 @@ from ...formats.decoders import Decoder
 from ...formats.images import own_pillow
 from ..layout.sample import FieldSelection
 from ..plan.epoch_plan import WorkerPlan
-from ..plan.seeding import reseed, sample_seed
+from ..plan.seeding import key_seed, reseed, seed_prefix
 from ..plan.stream import SampleRef, ShardProblem, open_ahead, sample_stream
 from ..ring.batch_ring import IDLE, OPENING, SKIPPING, STATUS_KEY_BYTES, BatchRing, RingHandle
 from .index_share import IndexShare
@@ -121,6 +121,7 @@ class _Epoch:
         self.pos = 0  # samples consumed
         self.done = False
         self.logged: dict[str, int] = {}
+        self.prefixes: dict[int, str] = {}  # per shard ordinal, what its samples' seeds share (seeding.seed_prefix)
         # a base for draws outside a sample's transform; each sample reseeds from itself (seeding.py)
         random.seed(seed)
         np.random.seed(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:4], "little"))
@@ -155,6 +156,7 @@ class _Epoch:
 
 
 _IN_HAND = struct.Struct("=4q")  # the status row's first words: epoch, stream position, shard, sample
+_STATE = struct.Struct("=q")  # its second word alone: IDLE once a sample is done
 
 
 class Worker:
@@ -282,7 +284,7 @@ class Worker:
                 break
             self._in_hand(item)
             if self.writer.reseed:
-                reseed(self._seed_of(item))
+                reseed(self._seed_of(item), self.writer.reseed)
             try:
                 r, d = self._write_sample(item, views, n)
                 read_bytes += r
@@ -294,7 +296,7 @@ class Worker:
                 ep.note(reason, f"{item.shard.path} sample {item.sample.key!r}: {text}")
             finally:
                 item.shard.release()
-                self.status[1] = IDLE
+                _STATE.pack_into(self._status_bytes, 8, IDLE)  # status[1]: numpy's setitem costs several times it
         for item in pending:  # a full batch before the replay's end cannot happen (the same samples, the same
             item.shard.release()  # verdicts), but a taken sample is never left unreleased
         elapsed = time.perf_counter_ns() - t0
@@ -312,10 +314,14 @@ class Worker:
         return self._result(DONE, ep.epoch, slot, batch, n, errors, elapsed, read_bytes, decoded_bytes, remote, pos)
 
     def _seed_of(self, item: SampleRef) -> int:
+        """``sample_seed`` of the sample, its shard's part made once an epoch."""
         ep = self.epoch
         assert ep is not None
-        return sample_seed(ep.seed, ep.number, item.shard.path, item.sample.key,
-                           ep.repeats[item.shard.ordinal] if ep.repeats else 0)
+        ordinal = item.shard.ordinal
+        prefix = ep.prefixes.get(ordinal)
+        if prefix is None:
+            prefix = ep.prefixes[ordinal] = seed_prefix(ep.seed, ep.number, item.shard.path)
+        return key_seed(prefix, item.sample.key, ep.repeats[ordinal] if ep.repeats else 0)
 
     def _source_of(self, item: SampleRef) -> str | None:
         labels = self.epoch.labels if self.epoch is not None else ()
