@@ -162,6 +162,24 @@ def test_a_pil_rgb_image_is_packed_into_a_slot_row_with_numpys_pixels(size):
     assert np.array_equal(slot[1], pixels) and not slot[0].any() and not slot[2].any()
 
 
+@pytest.mark.parametrize("width", [224, 112])
+@pytest.mark.parametrize("shift", [0, 1, 16])
+def test_a_slot_row_packed_past_the_caches_has_the_pixels_of_one_packed_through_them(width, shift):
+    from PIL import Image
+
+    from feedline.formats import _jpegcrop
+
+    pixels = np.random.default_rng(width + shift).integers(0, 256, (width, width, 3), dtype=np.uint8)
+    n = width * width * 3
+    raw = np.zeros(3 * n + 64, np.uint8)
+    at = (-raw.ctypes.data) % 32 + shift  # rows 32-byte aligned at shift 0 (a ring slot's are)
+    slot = raw[at : at + 3 * n].reshape(3, width, width, 3)
+    assert fastjpeg.pack_into(Image.fromarray(pixels), slot[1], stream=True)
+    assert np.array_equal(slot[1], pixels) and not slot[0].any() and not slot[2].any()
+    streams = _jpegcrop.simd() == "AVX2" and shift == 0 and width % 32 == 0  # else rows as without stream
+    assert _jpegcrop.can_stream(slot[1], width) == streams
+
+
 def test_what_cannot_be_packed_in_one_pass_is_left_untouched_for_numpys_copy():
     from PIL import Image
 

@@ -22,7 +22,8 @@
  * points to (its ImagingMemoryInstance: the first fields below are Pillow 12's; earlier versions began
  * with a char mode[7] and fail the checks); the fields are checked against the image's known size
  * before any is used, and anything else raises _jpegcrop.Unsupported: the caller then copies through
- * Pillow.
+ * Pillow. With stream true, rows go past the caches (non-temporal stores) where out is 32-byte aligned
+ * and the width a multiple of 32: what a batch slot wants, which this core does not read again.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -259,9 +260,9 @@ static const struct pillow_imaging *rgb_image(PyObject *capsule, int width, int 
 
 static PyObject *pack_rgb(PyObject *self, PyObject *args) {
     PyObject *capsule;
-    int width, height;
+    int width, height, stream = 0;
     Py_buffer out;
-    if (!PyArg_ParseTuple(args, "Oiiw*", &capsule, &width, &height, &out)) return NULL;
+    if (!PyArg_ParseTuple(args, "Oiiw*|p", &capsule, &width, &height, &out, &stream)) return NULL;
     const struct pillow_imaging *im = rgb_image(capsule, width, height);
     if (im == NULL) {
         PyBuffer_Release(&out);
@@ -274,11 +275,26 @@ static PyObject *pack_rgb(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS
     uint8_t *o = out.buf, *const end = o + out.len;
-    for (int y = 0; y < height; y++, o += (size_t)width * 3)
-        pack_rgb_row((const uint32_t *)(const void *)im->image[y], width, o, end);
+    if (stream && pack_can_stream(o, width)) {
+        for (int y = 0; y < height; y++, o += (size_t)width * 3)
+            pack_rgb_row_streamed((const uint32_t *)(const void *)im->image[y], width, o);
+        pack_fence();
+    } else {
+        for (int y = 0; y < height; y++, o += (size_t)width * 3)
+            pack_rgb_row((const uint32_t *)(const void *)im->image[y], width, o, end);
+    }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&out);
     Py_RETURN_NONE;
+}
+
+static PyObject *can_stream(PyObject *self, PyObject *args) {
+    Py_buffer out;
+    int width;
+    if (!PyArg_ParseTuple(args, "w*i", &out, &width)) return NULL;
+    const int yes = pack_can_stream(out.buf, width);
+    PyBuffer_Release(&out);
+    return PyBool_FromLong(yes);
 }
 
 static PyObject *simd(PyObject *self, PyObject *args) { return PyUnicode_FromString(resample_simd()); }
@@ -291,9 +307,12 @@ static PyObject *use_avx2(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"simd", simd, METH_NOARGS, "simd() -> the instructions the resize uses: 'AVX2', 'SSE2' or 'plain C'"},
+    {"can_stream", can_stream, METH_VARARGS,
+     "can_stream(out, width) -> whether pack_rgb(..., stream=True) writes rows of width pixels into out past the caches"},
     {"use_avx2", use_avx2, METH_VARARGS, "use_avx2(on) -> whether AVX2 is now used (tests turn it off)"},
     {"pack_rgb", pack_rgb, METH_VARARGS,
-     "pack_rgb(capsule, width, height, out): a Pillow RGB image (Image.getim()) written into out as packed RGB rows"},
+     "pack_rgb(capsule, width, height, out, stream=False): a Pillow RGB image (Image.getim()) written into out as "
+     "packed RGB rows; stream: past the caches where it can (out 32-byte aligned, width a multiple of 32)"},
     {"crop_resize", crop_resize, METH_VARARGS,
      "crop_resize(data, out_w, out_h, x0, y0, x1, y1, m, flip) -> bytes: the box (full-size pixels) of the JPEG "
      "resized to out_w x out_h by Pillow's BILINEAR arithmetic from only the part of it that needs decoding, at "

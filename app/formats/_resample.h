@@ -35,5 +35,12 @@ int resample_use_avx2(int on);
 
 /* width RGBX pixels written to out as RGB (3 bytes each); nothing at or past end is written. */
 void pack_rgb_row(const uint32_t *row, int width, uint8_t *out, const uint8_t *end);
+/* Whether rows of width pixels packed from out on can go past the caches (pack_rgb_row_streamed): AVX2, out
+ * 32-byte aligned and width a multiple of 32 (every row then starts aligned). */
+int pack_can_stream(const uint8_t *out, int width);
+/* pack_rgb_row's bytes, written with non-temporal stores (where pack_can_stream said so); pack_fence() after
+ * the last row, before anyone is told the pixels are there. */
+void pack_rgb_row_streamed(const uint32_t *row, int width, uint8_t *out);
+void pack_fence(void);
 
 #endif
