@@ -122,7 +122,7 @@ def fill(field: Field, dst: np.ndarray, value: Any, lengths: np.ndarray | None, 
         dst[i] = value  # a label: what the general path below does, without its four numpy calls
         return 8
     try:
-        if not field.variable and fastjpeg.pack_into(value, dst[i], True):  # a PIL RGB image: one pass, past
+        if not field.variable and fastjpeg.pack_into(value, dst[i], stream=True):  # PIL RGB: one pass, past
             # the caches (a slot is read by another process or the device)
             return field.nbytes
         arr = as_array(value, _image_mode(field))
