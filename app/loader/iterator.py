@@ -18,7 +18,7 @@ from .device.handoff import DeviceBatch
 from .errors import LoaderError
 from .plan.resume import Cursor
 from .ring.kept import KeptBatches
-from .ring.views import SlotView
+from .ring.views import Lease
 from .stats import StatsRecorder
 
 log = logging.getLogger("feedline.loader")
@@ -90,7 +90,7 @@ class EpochIterator:
         self._padding = False
         self._last_return: float | None = None
         self._held_slot: int | None = None
-        self._held: list[SlotView] = []
+        self._held: Lease | None = None  # the held zero-copy batch's views
         self._done = False
 
     def __iter__(self) -> "EpochIterator":
@@ -107,7 +107,7 @@ class EpochIterator:
         """The zero-copy batch handed out last: its tensors detached, its slot (or None)."""
         if self._held_slot is None:
             return None
-        if self._last is not None and self._held:
+        if self._last is not None and self._held is not None:
             # equal_batches may repeat it as padding after its slot is reused: keep a copy
             self._last = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self._last.items()}
         slot = self._held_slot
@@ -116,9 +116,9 @@ class EpochIterator:
 
     def _drop_views(self) -> None:
         """A reference the loop kept to the held zero-copy batch raises on use from now on (views.py)."""
-        for t in self._held:
-            t.release()
-        self._held = []
+        if self._held is not None:
+            self._held.released = True
+            self._held = None
         self._held_slot = None
 
     def loader_closed(self) -> None:
@@ -175,7 +175,7 @@ class EpochIterator:
             self._kept.hold(item.slot, tensors)
         elif item.slot is not None:  # zero-copy: views of the slot (SlotView), valid until the next next()
             self._held_slot = item.slot
-            self._held = list(tensors.values())  # type: ignore[arg-type]
+            self._held = item.lease
         self._cursor.record(*item.origin)
         if self._reading is not None:
             self._reading()

@@ -68,7 +68,10 @@ class Pipeline:
         pool, queue = self.pool, self.queue
         if pool is not None and queue is not None:
             depth.update(pool.depths())
-            depth["device"] = queue.depth()
+            if queue.capacity:
+                depth["device"] = queue.depth()
+            else:  # a CPU host's hand-off: what it holds are decoded batches read ahead (DirectHandOff)
+                depth["decoded"] += queue.depth()
             workers = pool.worker_states()
         capacity = {"free": slots, "decoded": slots, "device": queue.capacity if queue is not None else 0}
         return depth, capacity, workers

@@ -1,7 +1,8 @@
 """Hand-offs with no thread between the pool and the loop: what ``next()`` itself does with a filled slot.
 
 - ``DirectHandOff`` (a CPU host): tensors that view the slot (``zero_copy``), given back at the following
-  ``next()``, or (copy mode) once nothing references them (``ring/kept.py``).
+  ``next()``, or (copy mode) once nothing references them (``ring/kept.py``). When the ring is ahead of the
+  loop, one ``next()`` reads up to ``AHEAD`` filled batches and the next ones only hand them out (below).
 - ``DirectCopy`` (a device with ``transfer_threads=0``): ``next()`` issues the slot's one copy itself,
   on the loop's own stream (``slots.py``), and copies up to ``device_queue`` more batches ahead, so the
   loop never waits for a copy and no other thread wakes: per batch one query, one copy, one event
@@ -14,6 +15,7 @@ Each has the interface the iterator reads: ``get(release)`` (the next batch, or 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -23,7 +25,7 @@ import torch
 from ..layout import side
 from ..ring.batch_ring import BatchRing, RingLayout
 from ..ring.kept import KeptBatches
-from ..ring.views import SlotView
+from ..ring.views import Lease, SlotView, views_of
 from ..stats import StatsRecorder
 from ..workers.pool import WorkerPool
 from ..workers.scheduler import EpochEnd, ReadyBatch
@@ -35,6 +37,8 @@ log = logging.getLogger("feedline.loader")
 CALLS = 3  # device calls a next() may make on the loop's thread (the budget), past the epoch's first batches
 STOCK = 8  # zero-copy views made ahead a slot at least (DirectHandOff.restock): a second's at ~40 steps/s on 5 slots
 MAX_STOCK = 256  # ... and at most: what a slot hands out between two ticks at a step far faster than anyone's
+AHEAD = 3  # DirectHandOff: batches one next() reads when that many are filled already (_read_ahead) ...
+READ_AHEAD_AFTER = 0.002  # ... after a step of this many seconds or more (shorter: the loop's caches are warm)
 
 
 class DeviceBatch(NamedTuple):
@@ -50,6 +54,7 @@ class DeviceBatch(NamedTuple):
     event: Any = None  # transfer_threads with h2d="fields": the CUDA event the consumer's stream waits on
     nbytes: int = 0  # payload bytes (tensors and side fields)
     device_slot: int | None = None  # h2d="slot": the slot whose device buffer it views
+    lease: Lease | None = None  # zero-copy: what releases the batch's views when its slot goes back
 
 
 def origin(item: ReadyBatch) -> tuple[int, int, int]:
@@ -85,12 +90,19 @@ class DirectHandOff:
         self._slots: list[tuple[dict[str, torch.Tensor], side.SideRegion, int] | None] = [None] * ring.slots
         # zero-copy: fresh SlotViews of each slot, made ahead at the dispatcher's tick (restock); each is handed out
         # once, never re-armed, so a reference kept past its batch still raises
-        self._stock: list[list[dict[str, SlotView]]] = [[] for _ in range(ring.slots)]
+        self._stock: list[list[tuple[dict[str, SlotView], Lease]]] = [[] for _ in range(ring.slots)]
         self._handed = [0] * ring.slots  # views each slot handed out since the last restock: its next stock's size
         self._epoch = -1
+        self._ahead: deque[DeviceBatch | None] = deque()  # read ahead, in delivery order (None: the epoch's end)
+        self._returned: list[int] = []  # slots let go while batches read ahead were handed out: given back together
+        self._reads_ahead = decoder is None
+        self._took_at = 0.0  # when get() last took from the pool
 
     def start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
+        # batches read ahead for the epoch left: their slots go back with the next take, under the new epoch
+        self._returned += [b.slot for b in self._ahead if b is not None and b.slot is not None]
+        self._ahead.clear()
 
     def _read(self, slot: int, samples: int) -> tuple[dict[str, torch.Tensor], dict[str, list[Any]], int]:
         if self._kept is not None:  # copy mode maps a slot anew after a kept batch moved out
@@ -108,10 +120,22 @@ class DirectHandOff:
         return tensors, extra, nbytes + side_bytes
 
     def get(self, release: int | None = None) -> DeviceBatch | None:
+        """The next batch. One read ahead is handed out with no call into the pool: the slot let go meanwhile
+        waits in ``_returned``, and they all go back with the next take, their fills sent in one pass."""
+        ahead = self._ahead
+        if ahead:
+            if release is not None:
+                self._returned.append(release)
+            return ahead.popleft()
+        more = self._returned
+        if more:
+            self._returned = []
+            if release is None:
+                release = more.pop()
         take = self._pool.take
         while True:
-            item = take(release=release)
-            release = None
+            item = take(release=release, more=more)
+            release, more = None, ()
             if item is None:
                 continue
             if type(item) is EpochEnd:
@@ -121,21 +145,57 @@ class DirectHandOff:
             if item.epoch != self._epoch:
                 release = item.slot
                 continue
-            tensors, extra, nbytes = self._read(item.slot, item.samples)
-            if self._decoder is not None:
-                tensors, extra = self._decoder.apply(tensors, extra)
-            if self._kept is None:  # zero-copy: views that raise once the slot is given back
-                tensors = self._views(item.slot, tensors)
-            return DeviceBatch(item.epoch, item.seq, tensors, extra, origin(item), slot=item.slot, nbytes=nbytes)
+            batch = self._batch(item)
+            if self._reads_ahead:
+                now = time.perf_counter()
+                if now - self._took_at >= READ_AHEAD_AFTER:
+                    self._read_ahead()
+                self._took_at = now
+            return batch
 
-    def _views(self, slot: int, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _read_ahead(self) -> None:
+        """Read the batches after this one while they are filled already, up to ``AHEAD`` in all.
+
+        After a step of tens of milliseconds the loop's caches are cold, and the pool's path (lock, scheduler,
+        fill, results) is most of a ``next()``'s cost: read in a row, the batches after the first cost a
+        fraction of it, and the ``next()`` calls that hand them out call nothing. Only a ring ahead of the loop
+        reads ahead: where the workers are behind, the next batch is not filled yet and nothing changes. A slot
+        let go meanwhile goes back a batch or two later, to workers that are ahead. A loop taking from the pool
+        less than ``READ_AHEAD_AFTER`` apart does not read ahead: its caches are warm, and a look at the workers'
+        pipes for results not in yet would cost it more than reading ahead saves."""
+        poll = self._pool.poll
+        for _ in range(AHEAD - 1):
+            item = poll()
+            if item is None:
+                return
+            if type(item) is EpochEnd:
+                if item.epoch == self._epoch:
+                    self._ahead.append(None)
+                    return
+                continue
+            if item.epoch != self._epoch:
+                self._returned.append(item.slot)
+                continue
+            self._ahead.append(self._batch(item))
+
+    def _batch(self, item: ReadyBatch) -> DeviceBatch:
+        tensors, extra, nbytes = self._read(item.slot, item.samples)
+        if self._decoder is not None:
+            tensors, extra = self._decoder.apply(tensors, extra)
+        lease = None
+        if self._kept is None:  # zero-copy: views that raise once the slot is given back
+            tensors, lease = self._views(item.slot, tensors)
+        return DeviceBatch(item.epoch, item.seq, tensors, extra, origin(item), slot=item.slot, nbytes=nbytes,
+                           lease=lease)
+
+    def _views(self, slot: int, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Lease]:
         cached = self._slots[slot]
         stock = self._stock[slot]
         if cached is not None and tensors is cached[0]:  # a whole batch of the slot's own tensors
             self._handed[slot] += 1
             if stock:
                 return stock.pop()  # type: ignore[return-value]
-        return {k: SlotView.of(v) for k, v in tensors.items()}
+        return views_of(tensors)  # type: ignore[return-value]
 
     def restock(self) -> None:
         """The dispatcher's, at its tick: a slot whose views were handed out gets fresh ones, so ``next()`` makes
@@ -151,10 +211,11 @@ class DirectHandOff:
             want = min(MAX_STOCK, max(STOCK, self._handed[slot] + self._handed[slot] // 4))
             self._handed[slot] = 0
             while len(stock) < want:
-                stock.append({k: SlotView.of(v) for k, v in cached[0].items()})
+                stock.append(views_of(cached[0]))
 
     def depth(self) -> int:
-        return 0
+        """Batches read ahead, not handed out yet."""
+        return sum(1 for b in self._ahead if b is not None)
 
     def close(self) -> None:
         pass

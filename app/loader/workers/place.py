@@ -82,12 +82,15 @@ class Place:
         del buf[:pos]
         return True
 
-    def send(self, msg: bytes) -> bool:
-        """Frame ``msg`` and send what the pipe takes now (the caller holds the supervisor's out-lock); True when
-        bytes wait in the outbox for the pipe to take them."""
+    def send(self, *msgs: bytes) -> bool:
+        """Frame ``msgs`` and send what the pipe takes now, in one write (the caller holds the supervisor's
+        out-lock); True when bytes wait in the outbox for the pipe to take them."""
         if self.sock is None:
             return False  # it is being replaced; the replacement gets its plan and fills anew
-        frame = _HEADER.pack(len(msg)) + msg
+        if len(msgs) == 1:
+            frame = _HEADER.pack(len(msgs[0])) + msgs[0]
+        else:
+            frame = b"".join(_HEADER.pack(len(m)) + m for m in msgs)
         if not self.outbox:  # the common case: straight into the pipe, nothing queued before it
             try:
                 sent = self.sock.send(frame, socket.MSG_DONTWAIT)

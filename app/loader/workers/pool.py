@@ -123,9 +123,11 @@ class WorkerPool(Dispatcher):
             self._raise_if_failed()
             return self._supervisor.ready()
 
-    def take(self, timeout: float = 0.5, release: int | None = None) -> ReadyBatch | EpochEnd | None:
+    def take(self, timeout: float = 0.5, release: int | None = None,
+             more: list[int] | tuple[int, ...] = ()) -> ReadyBatch | EpochEnd | None:
         """The next filled batch, an EpochEnd once all are taken, or None after ``timeout``; ``release``: a slot
-        given back first, under the same lock (the loop's zero-copy batch: one lock a ``next()``).
+        given back first, under the same lock (the loop's zero-copy batch: one lock a ``next()``), with ``more``
+        (batches read ahead: ``DirectHandOff``), their fills sent in one pass.
 
         The results it needs are read here, from the pipe of the worker whose batch comes next, and a
         wait is a wait on that pipe (``waiters.py``). A consumer that keeps getting None counts as waiting:
@@ -138,6 +140,8 @@ class WorkerPool(Dispatcher):
         try:
             if release is not None:
                 self._scheduler.release(release)
+                for slot in more:
+                    self._scheduler.release(slot)
                 if self._feed():
                     self._supervisor.wake()
             item = self._next()
@@ -290,10 +294,23 @@ class WorkerPool(Dispatcher):
         return waiting
 
     def _assign(self) -> bool:
+        """A fill for every free slot; a worker given several gets them in one write (slots given back together:
+        ``DirectHandOff``'s batches read ahead)."""
+        scheduler = self._scheduler
+        fills = []
+        while (fill := scheduler.next_fill()) is not None:
+            fills.append(fill)
+        if len(fills) <= 1:  # the common case: one slot given back
+            if not fills:
+                return False
+            w, slot, j = fills[0]
+            return self._supervisor.send(w, encode_fill(scheduler.epoch, slot, j))
+        by_worker: dict[int, list[bytes]] = {}
+        for w, slot, j in fills:
+            by_worker.setdefault(w, []).append(encode_fill(scheduler.epoch, slot, j))
         waiting = False
-        while (fill := self._scheduler.next_fill()) is not None:
-            w, slot, j = fill
-            waiting |= self._supervisor.send(w, encode_fill(self._scheduler.epoch, slot, j))
+        for w, msgs in by_worker.items():
+            waiting |= self._supervisor.send(w, *msgs)
         return waiting
 
     def _handle(self, w: int, msg: bytes) -> None:

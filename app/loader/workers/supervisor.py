@@ -164,15 +164,15 @@ class Supervisor:
             self.last_progress = time.monotonic()
         return got is not False
 
-    def send(self, worker: int, msg: bytes) -> bool:
-        """Queue a message (framed as ``Connection.send_bytes`` frames it) and send what the pipe takes now.
+    def send(self, worker: int, *msgs: bytes) -> bool:
+        """Queue messages (framed as ``Connection.send_bytes`` frames them) and send what the pipe takes now.
 
         Any thread may send (the pool serializes them); True when bytes wait for the pipe: the dispatcher's
         next ``wait`` sends them, so a sender other than the dispatcher then calls ``wake()``.
         """
         p = self._procs[worker]
         with self._out_lock:
-            return p.send(msg)
+            return p.send(*msgs)
 
     def _watch(self) -> None:
         """Select (the dispatcher, before it selects) on exactly the pipes of workers still starting and
