@@ -38,7 +38,7 @@ CALLS = 3  # device calls a next() may make on the loop's thread (the budget), p
 STOCK = 8  # zero-copy views made ahead a slot at least (DirectHandOff.restock): a second's at ~40 steps/s on 5 slots
 MAX_STOCK = 256  # ... and at most: what a slot hands out between two ticks at a step far faster than anyone's
 AHEAD = 3  # DirectHandOff: batches one next() reads when that many are filled already (_read_ahead) ...
-READ_AHEAD_AFTER = 0.002  # ... after a step of this many seconds or more (shorter: the loop's caches are warm)
+READ_AHEAD_AFTER = 0.002  # ... after the loop spent this many seconds or more away (shorter: its caches are warm)
 
 
 class DeviceBatch(NamedTuple):
@@ -96,7 +96,7 @@ class DirectHandOff:
         self._ahead: deque[DeviceBatch | None] = deque()  # read ahead, in delivery order (None: the epoch's end)
         self._returned: list[int] = []  # slots let go while batches read ahead were handed out: given back together
         self._reads_ahead = decoder is None
-        self._took_at = 0.0  # when get() last took from the pool
+        self._left_at = 0.0  # when get() last returned a batch it took from the pool
 
     def start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
@@ -127,6 +127,7 @@ class DirectHandOff:
             if release is not None:
                 self._returned.append(release)
             return ahead.popleft()
+        away = time.perf_counter() - self._left_at  # the loop's steps since it last came here (no data wait)
         more = self._returned
         if more:
             self._returned = []
@@ -146,11 +147,9 @@ class DirectHandOff:
                 release = item.slot
                 continue
             batch = self._batch(item)
-            if self._reads_ahead:
-                now = time.perf_counter()
-                if now - self._took_at >= READ_AHEAD_AFTER:
-                    self._read_ahead()
-                self._took_at = now
+            if self._reads_ahead and away >= READ_AHEAD_AFTER:
+                self._read_ahead()
+            self._left_at = time.perf_counter()
             return batch
 
     def _read_ahead(self) -> None:
@@ -160,9 +159,9 @@ class DirectHandOff:
         fill, results) is most of a ``next()``'s cost: read in a row, the batches after the first cost a
         fraction of it, and the ``next()`` calls that hand them out call nothing. Only a ring ahead of the loop
         reads ahead: where the workers are behind, the next batch is not filled yet and nothing changes. A slot
-        let go meanwhile goes back a batch or two later, to workers that are ahead. A loop taking from the pool
-        less than ``READ_AHEAD_AFTER`` apart does not read ahead: its caches are warm, and a look at the workers'
-        pipes for results not in yet would cost it more than reading ahead saves."""
+        let go meanwhile goes back a batch or two later, to workers that are ahead. A loop back in less than
+        ``READ_AHEAD_AFTER`` (its steps, not its waits for data) does not read ahead: its caches are warm, and a
+        look at the workers' pipes for results not in yet would cost it more than reading ahead saves."""
         poll = self._pool.poll
         for _ in range(AHEAD - 1):
             item = poll()
