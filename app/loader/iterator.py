@@ -16,6 +16,7 @@ import torch
 from .cost import TrainerCost
 from .device.handoff import DeviceBatch
 from .errors import LoaderError
+from .plan.epochs import EpochCounter
 from .plan.resume import Cursor
 from .ring.kept import KeptBatches
 from .ring.views import Lease
@@ -65,7 +66,7 @@ class EpochIterator:
     """Yields one epoch's batches; a zero-copy batch's slot is released at the following ``next()``, a copy-mode
     batch's once nothing references it (``kept``)."""
 
-    def __init__(self, epoch: int, start: int, current_start: Callable[[], int], queue: HandOff,
+    def __init__(self, epoch: int, start: int, epochs: EpochCounter, queue: HandOff,
                  release: Callable[[int], None], stats: StatsRecorder, cost: TrainerCost, cursor: Cursor,
                  limit: int | None = None, kept: KeptBatches | None = None,
                  tune: Callable[[float], float | None] | None = None,
@@ -79,7 +80,7 @@ class EpochIterator:
         self._tune = tune  # workers="auto": called at a next() once its time comes; returns the next time
         self._tune_at: float | None = 0.0 if tune is not None else None
         self._kept = kept
-        self._current_start = current_start
+        self._epochs = epochs  # its ``starts``: another start made this iterator stale (an attribute, not a call)
         self._queue = queue
         self._release = release
         self._stats = stats
@@ -105,13 +106,16 @@ class EpochIterator:
 
     def _let_go(self) -> int | None:
         """The zero-copy batch handed out last: its tensors detached, its slot (or None)."""
-        if self._held_slot is None:
+        slot = self._held_slot
+        if slot is None:
             return None
         if self._last is not None and self._held is not None:
             # equal_batches may repeat it as padding after its slot is reused: keep a copy
             self._last = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self._last.items()}
-        slot = self._held_slot
-        self._drop_views()
+        if self._held is not None:  # (_drop_views, inline: once a batch)
+            self._held.released = True
+            self._held = None
+        self._held_slot = None
         return slot
 
     def _drop_views(self) -> None:
@@ -150,7 +154,7 @@ class EpochIterator:
             if release is not None:
                 self._release(release)
             raise StopIteration
-        if self._start != self._current_start():
+        if self._start != self._epochs.starts:
             raise LoaderError(f"epoch {self._epoch} was abandoned when another epoch started (an iter() of the "
                               f"loader was read from); take its batches before starting the next")
         if self._limit is not None and self._cursor.batches >= self._limit:

@@ -388,7 +388,7 @@ class StagingLoader(LoaderEpochs):
         self._cursor = Cursor.start(plan.workers, first, delivered)
         self._cursor.expected = limit  # (else worked out from the shard indexes when a state is asked for)
         self._start_run(plan, first, delivered)
-        it = EpochIterator(plan.epoch, start, lambda: self._epochs.starts, p.queue, p.pool.release, self._stats,
+        it = EpochIterator(plan.epoch, start, self._epochs, p.queue, p.pool.release, self._stats,
                            self._cost, self._cursor, limit, p.kept, self._auto, self._epochs.ended,
                            functools.partial(self.source.reading, self.rank.rank) if self.source.growing else None,
                            on_device=p.gpu is not None)

@@ -96,6 +96,8 @@ class DirectHandOff:
         self._ahead: deque[DeviceBatch | None] = deque()  # read ahead, in delivery order (None: the epoch's end)
         self._returned: list[int] = []  # slots let go while batches read ahead were handed out: given back together
         self._reads_ahead = decoder is None
+        # at most half the ring's other slots out of the workers' hands: read ahead, or let go and not given back
+        self._read_at_most = max(1, min(AHEAD, (ring.slots - 1) // 2))
         self._left_at = 0.0  # when get() last returned a batch it took from the pool
 
     def start_epoch(self, epoch: int) -> None:
@@ -153,7 +155,8 @@ class DirectHandOff:
             return batch
 
     def _read_ahead(self) -> None:
-        """Read the batches after this one while they are filled already, up to ``AHEAD`` in all.
+        """Read the batches after this one while they are filled already, up to ``AHEAD`` in all (fewer where the
+        ring is small: at most half its other slots wait read ahead or let go).
 
         After a step of tens of milliseconds the loop's caches are cold, and the pool's path (lock, scheduler,
         fill, results) is most of a ``next()``'s cost: read in a row, the batches after the first cost a
@@ -163,7 +166,7 @@ class DirectHandOff:
         ``READ_AHEAD_AFTER`` (its steps, not its waits for data) does not read ahead: its caches are warm, and a
         look at the workers' pipes for results not in yet would cost it more than reading ahead saves."""
         poll = self._pool.poll
-        for _ in range(AHEAD - 1):
+        for _ in range(self._read_at_most - 1):
             item = poll()
             if item is None:
                 return
