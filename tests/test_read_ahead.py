@@ -37,7 +37,7 @@ def _read_ahead(it, loader):
     raise AssertionError("no next() read ahead")
 
 
-def _slow_epoch(it, step=0.01):
+def _slow_epoch(it, step=0.02):
     """One epoch read by a loop whose step gives the workers time to fill the ring."""
     out = []
     for batch in it:

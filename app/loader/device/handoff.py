@@ -38,7 +38,7 @@ CALLS = 3  # device calls a next() may make on the loop's thread (the budget), p
 STOCK = 8  # zero-copy views made ahead a slot at least (DirectHandOff.restock): a second's at ~40 steps/s on 5 slots
 MAX_STOCK = 256  # ... and at most: what a slot hands out between two ticks at a step far faster than anyone's
 AHEAD = 3  # DirectHandOff: batches one next() reads when that many are filled already (_read_ahead) ...
-READ_AHEAD_AFTER = 0.002  # ... after the loop spent this many seconds or more away (shorter: its caches are warm)
+READ_AHEAD_AFTER = 0.01  # ... after the loop spent this many seconds or more away (shorter: its caches are warmer)
 
 
 class DeviceBatch(NamedTuple):
