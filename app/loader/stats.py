@@ -36,8 +36,8 @@ QUEUES = ("free", "decoded", "device")
 BYTE_STAGES = ("read", "decoded", "transferred")
 PLACES = ("local", "remote")  # feedline_batches_decoded_total{place}: a worker process, or a Ray actor (remote/)
 DIRECTIONS = ("sent", "received")  # feedline_remote_bytes_total{direction}: encoded samples out, slots back
-# Seconds; from a fast local queue hand-off up to a stalled remote store.
 STEPS_QUEUED = 1024  # StatsRecorder.step: steps queued before the loop counts them itself (no reader came)
+# Seconds; from a fast local queue hand-off up to a stalled remote store.
 TIME_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
