@@ -112,10 +112,7 @@ class EpochIterator:
         if self._last is not None and self._held is not None:
             # equal_batches may repeat it as padding after its slot is reused: keep a copy
             self._last = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self._last.items()}
-        if self._held is not None:  # (_drop_views, inline: once a batch)
-            self._held.released = True
-            self._held = None
-        self._held_slot = None
+        self._drop_views()
         return slot
 
     def _drop_views(self) -> None:
