@@ -39,39 +39,28 @@ class HandOff(Protocol):
     def close(self) -> None: ...
 
 
-class Epoch:
-    """What ``iter(loader)`` returns: the epoch starts at the first ``next()`` (its number counted, the ranks
-    agreed, the workers told), so an ``iter()`` never consumed changes nothing (``epochs.py``)."""
-
-    __slots__ = ("_start", "_it")
-
-    def __init__(self, start: Callable[[], "EpochIterator"]):
-        self._start: Callable[[], EpochIterator] | None = start
-        self._it: EpochIterator | None = None
-
-    def __iter__(self) -> "Epoch":
-        return self
-
-    def __next__(self) -> dict[str, Any]:
-        it = self._it
-        if it is None:
-            if self._start is None:
-                raise StopIteration
-            it, self._start = self._start(), None
-            self._it = it
-        return it.__next__()
-
-
 class EpochIterator:
     """Yields one epoch's batches; a zero-copy batch's slot is released at the following ``next()``, a copy-mode
     batch's once nothing references it (``kept``)."""
 
-    def __init__(self, epoch: int, start: int, epochs: EpochCounter, queue: HandOff,
-                 release: Callable[[int], None], stats: StatsRecorder, cost: TrainerCost, cursor: Cursor,
-                 limit: int | None = None, kept: KeptBatches | None = None,
-                 tune: Callable[[float], float | None] | None = None,
-                 ended: Callable[[int], None] = lambda epoch: None, reading: Callable[[], None] | None = None,
-                 on_device: bool = False):
+    __slots__ = ("_begin", "_epoch", "_reading", "_on_device", "_start", "_ended", "_tune", "_tune_at", "_kept",
+                 "_epochs", "_queue", "_release", "_stats", "_cost", "_cursor", "_limit", "_last", "_padding",
+                 "_last_return", "_held_slot", "_held", "_done", "_read_ahead", "__weakref__")
+
+    def __init__(self, begin: Callable[["EpochIterator"], None]):
+        self._begin: Callable[[EpochIterator], None] | None = begin  # the loader's: starts the epoch, calls run()
+        self._last: dict[str, Any] | None = None
+        self._held_slot: int | None = None
+        self._held: Lease | None = None  # the held zero-copy batch's views
+        self._done = False
+
+    def run(self, epoch: int, start: int, epochs: EpochCounter, queue: HandOff,
+            release: Callable[[int], None], stats: StatsRecorder, cost: TrainerCost, cursor: Cursor,
+            limit: int | None = None, kept: KeptBatches | None = None,
+            tune: Callable[[float], float | None] | None = None,
+            ended: Callable[[int], None] = lambda epoch: None, reading: Callable[[], None] | None = None,
+            on_device: bool = False) -> None:
+        """The epoch started (the loader's ``begin``, at the first ``next()``): what this iterator reads from."""
         self._epoch = epoch
         self._reading = reading  # a batch goes out: a cache's reader lease is renewed (throttled there); None: none
         self._on_device = on_device  # device calls are counted around next() (a CPU host makes none)
@@ -87,12 +76,13 @@ class EpochIterator:
         self._cost = cost
         self._cursor = cursor
         self._limit = limit  # batches every rank yields this epoch (equal_batches), or None: as many as there are
-        self._last: dict[str, Any] | None = None
         self._padding = False
         self._last_return: float | None = None
-        self._held_slot: int | None = None
-        self._held: Lease | None = None  # the held zero-copy batch's views
-        self._done = False
+        # a batch the hand-off read ahead goes out with no more than that (the light path, below), where nothing
+        # else must happen at a next(): no device calls to count, no equal_batches limit, no tuning
+        light = getattr(queue, "read_ahead", None)
+        self._read_ahead: Callable[[int | None], DeviceBatch | None] | None = (
+            light if not on_device and limit is None and tune is None else None)
 
     def __iter__(self) -> "EpochIterator":
         return self
@@ -129,6 +119,19 @@ class EpochIterator:
 
     def __next__(self) -> dict[str, Any]:
         called = time.perf_counter()
+        if self._begin is not None:  # the first next(): the epoch starts now, so an iter() never read changes nothing
+            self._begin(self)
+            self._begin = None
+        read_ahead = self._read_ahead
+        if read_ahead is not None and not self._done and self._start == self._epochs.starts:
+            item = read_ahead(self._held_slot)
+            if item is not None:  # the light path: nothing to wait for, no lock, no system call
+                self._drop_views()
+                if self._kept is not None:
+                    self._kept.collect()
+                batch = self._deliver(item, called, 0.0)
+                self._cost.loop_ns += int((self._last_return - called) * 1e9)  # type: ignore[operator]
+                return batch
         cpu, cost = time.thread_time_ns(), self._cost
         if not self._on_device:
             try:
@@ -143,7 +146,6 @@ class EpochIterator:
             cost.loop_calls += cost.device_calls_here() - calls
 
     def _next(self, called: float) -> dict[str, Any]:
-        step = called - self._last_return if self._last_return is not None else None
         release = self._let_go()
         if self._kept is not None:
             self._kept.collect()
@@ -164,12 +166,18 @@ class EpochIterator:
         item = self._queue.get(release)
         wait = time.perf_counter() - called
         if item is None:
-            self._stats.step(wait, step)
+            last = self._last_return
+            self._stats.step(wait, called - last if last is not None else None)
             if self._limit is not None and self._cursor.batches < self._limit and self._last is not None:
                 return self._pad()
             self._finish()
         assert item is not None
-        self._stats.step(wait, step, item.nbytes)
+        return self._deliver(item, called, wait)
+
+    def _deliver(self, item: DeviceBatch, called: float, wait: float) -> dict[str, Any]:
+        """Hand ``item`` to the loop, ``wait`` seconds after it called: counted, its slot held, the cursor moved."""
+        last = self._last_return
+        self._stats.step(wait, called - last if last is not None else None, item.nbytes)
         self._cost.batches += 1
         tensors = item.tensors
         if item.slot is not None and self._kept is not None:  # copy mode: the slot's until let go

@@ -42,7 +42,7 @@ from .device.slots import DeviceSlots
 from .device.standin import StandInGpu
 from .device.transfer import DeviceQueue, FieldsHandOff, SlotHandOff, TransferStage
 from .errors import ErrorBudget, LoaderError
-from .iterator import Epoch, EpochIterator
+from .iterator import EpochIterator
 from .layout.sample import FieldSelection
 from .layout.spec import Spec
 from .loader_epochs import LoaderEpochs
@@ -348,14 +348,14 @@ class StagingLoader(LoaderEpochs):
 
     # -- iteration ------------------------------------------------------------------------
 
-    def __iter__(self) -> Epoch:
+    def __iter__(self) -> EpochIterator:
         """The next epoch (or the rest of a resumed one), started at its first ``next()``: a ``for`` over the
         loader reads one epoch each time, and an ``iter()`` never consumed changes nothing."""
         if self._closed:
             raise LoaderError("the loader is closed")
-        return Epoch(self._start_epoch)
+        return EpochIterator(self._start_epoch)
 
-    def _start_epoch(self) -> EpochIterator:
+    def _start_epoch(self, it: EpochIterator) -> None:
         if self._closed:
             raise LoaderError("the loader is closed")
         p = self._pipeline
@@ -388,12 +388,11 @@ class StagingLoader(LoaderEpochs):
         self._cursor = Cursor.start(plan.workers, first, delivered)
         self._cursor.expected = limit  # (else worked out from the shard indexes when a state is asked for)
         self._start_run(plan, first, delivered)
-        it = EpochIterator(plan.epoch, start, self._epochs, p.queue, p.pool.release, self._stats,
-                           self._cost, self._cursor, limit, p.kept, self._auto, self._epochs.ended,
-                           functools.partial(self.source.reading, self.rank.rank) if self.source.growing else None,
-                           on_device=p.gpu is not None)
+        it.run(plan.epoch, start, self._epochs, p.queue, p.pool.release, self._stats,
+               self._cost, self._cursor, limit, p.kept, self._auto, self._epochs.ended,
+               functools.partial(self.source.reading, self.rank.rank) if self.source.growing else None,
+               on_device=p.gpu is not None)
         self._iterator = weakref.ref(it)
-        return it
 
     def _start_run(self, plan: EpochPlan, first: list[int] | None = None, delivered: list[int] | None = None,
                    restart: bool = False) -> None:

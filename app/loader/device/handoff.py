@@ -37,7 +37,7 @@ log = logging.getLogger("feedline.loader")
 CALLS = 3  # device calls a next() may make on the loop's thread (the budget), past the epoch's first batches
 STOCK = 8  # zero-copy views made ahead a slot at least (DirectHandOff.restock): a second's at ~40 steps/s on 5 slots
 MAX_STOCK = 256  # ... and at most: what a slot hands out between two ticks at a step far faster than anyone's
-AHEAD = 3  # DirectHandOff: batches one next() reads when that many are filled already (_read_ahead) ...
+AHEAD = 3  # DirectHandOff: batches one next() reads when that many are filled already (get) ...
 READ_AHEAD_AFTER = 0.01  # ... after the loop spent this many seconds or more away (shorter: its caches are warmer)
 
 
@@ -121,9 +121,29 @@ class DirectHandOff:
         extra, side_bytes = side.read(region, samples, self._layout.side_fields)
         return tensors, extra, nbytes + side_bytes
 
+    def read_ahead(self, release: int | None) -> DeviceBatch | None:
+        """The next batch if it was read ahead (``release`` then waits in ``_returned``), else None: the iterator's
+        light path, which needs nothing else."""
+        ahead = self._ahead
+        if not ahead or ahead[0] is None:
+            return None
+        if release is not None:
+            self._returned.append(release)
+        return ahead.popleft()
+
     def get(self, release: int | None = None) -> DeviceBatch | None:
         """The next batch. One read ahead is handed out with no call into the pool: the slot let go meanwhile
-        waits in ``_returned``, and they all go back with the next take, their fills sent in one pass."""
+        waits in ``_returned``, and they all go back with the next take, their fills sent in one pass.
+
+        A take reads ahead the batches after its own while they are filled already, up to ``AHEAD`` in all (fewer
+        where the ring is small: at most half its other slots wait read ahead or let go), under the same lock.
+        After a step of tens of milliseconds the loop's caches are cold, and the pool's path (lock, scheduler,
+        fill, results) is most of a ``next()``'s cost: read in a row, the batches after the first cost a
+        fraction of it, and the ``next()`` calls that hand them out call nothing. Only a ring ahead of the loop
+        reads ahead: where the workers are behind, the next batch is not filled yet and nothing changes. A slot
+        let go meanwhile goes back a batch or two later, to workers that are ahead. A loop back in less than
+        ``READ_AHEAD_AFTER`` (its steps, not its waits for data) does not read ahead: its caches are warm, and a
+        look at the workers' pipes for results not in yet would cost it more than reading ahead saves."""
         ahead = self._ahead
         if ahead:
             if release is not None:
@@ -135,50 +155,34 @@ class DirectHandOff:
             self._returned = []
             if release is None:
                 release = more.pop()
+        reads = self._read_at_most - 1 if self._reads_ahead and away >= READ_AHEAD_AFTER else 0
         take = self._pool.take
         while True:
-            item = take(release=release, more=more)
-            release, more = None, ()
+            read: list[ReadyBatch | EpochEnd] = []
+            item = take(0.5, release, more, reads, read)
+            release, more = None, []
             if item is None:
                 continue
-            if type(item) is EpochEnd:
-                if item.epoch == self._epoch:
-                    return None
-                continue
-            if item.epoch != self._epoch:
-                release = item.slot
-                continue
-            batch = self._batch(item)
-            if self._reads_ahead and away >= READ_AHEAD_AFTER:
-                self._read_ahead()
-            self._left_at = time.perf_counter()
-            return batch
-
-    def _read_ahead(self) -> None:
-        """Read the batches after this one while they are filled already, up to ``AHEAD`` in all (fewer where the
-        ring is small: at most half its other slots wait read ahead or let go).
-
-        After a step of tens of milliseconds the loop's caches are cold, and the pool's path (lock, scheduler,
-        fill, results) is most of a ``next()``'s cost: read in a row, the batches after the first cost a
-        fraction of it, and the ``next()`` calls that hand them out call nothing. Only a ring ahead of the loop
-        reads ahead: where the workers are behind, the next batch is not filled yet and nothing changes. A slot
-        let go meanwhile goes back a batch or two later, to workers that are ahead. A loop back in less than
-        ``READ_AHEAD_AFTER`` (its steps, not its waits for data) does not read ahead: its caches are warm, and a
-        look at the workers' pipes for results not in yet would cost it more than reading ahead saves."""
-        poll = self._pool.poll
-        for _ in range(self._read_at_most - 1):
-            item = poll()
-            if item is None:
-                return
-            if type(item) is EpochEnd:
-                if item.epoch == self._epoch:
-                    self._ahead.append(None)
-                    return
-                continue
-            if item.epoch != self._epoch:
-                self._returned.append(item.slot)
-                continue
-            self._ahead.append(self._batch(item))
+            batch = None
+            for it in (item, *read):
+                if type(it) is EpochEnd:
+                    if it.epoch == self._epoch:
+                        if batch is None:
+                            self._returned += more
+                            return None
+                        ahead.append(None)
+                    continue
+                if it.epoch != self._epoch:  # an abandoned epoch's: its slot goes back
+                    (more if batch is None else self._returned).append(it.slot)
+                elif batch is None:
+                    batch = self._batch(it)
+                else:
+                    ahead.append(self._batch(it))
+            if batch is not None:
+                self._left_at = time.perf_counter()
+                return batch
+            if more:
+                release = more.pop()
 
     def _batch(self, item: ReadyBatch) -> DeviceBatch:
         tensors, extra, nbytes = self._read(item.slot, item.samples)

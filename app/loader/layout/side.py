@@ -119,6 +119,8 @@ def read(views: "dict[str, np.ndarray] | SideRegion", n: int,
     """(the side values of the first ``n`` samples of a slot, one list per field; their bytes) — in the trainer,
     on every batch: text that is ASCII (keys almost always are) is decoded once and sliced. ``views``: the slot's
     arrays, or its ``SideRegion`` (made once a slot by a caller that reads it batch after batch)."""
+    if not fields:  # most batches: tensors only
+        return {}, 0
     region = views if isinstance(views, SideRegion) else SideRegion.of(views)
     flat = region.lengths[: n * len(fields)].tolist()  # sample-major: the order the worker packed them in
     ends = list(accumulate(flat))

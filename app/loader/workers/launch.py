@@ -5,7 +5,7 @@ worker (as ``__mp_main__``) so that whatever the script defined can be unpickled
 there. A script written without ``if __name__ == "__main__":`` — most notebooks
 and quick scripts — then builds a loader inside each worker and dies while
 bootstrapping. This launcher starts ``python -c ...`` with the trainer's
-``sys.path``, hands it its pipe, ring and stack descriptors by number, and sends
+``sys.path``, hands it its pipes', ring and stack descriptors by number, and sends
 it the worker configuration pickled (the user's transform and decoders: code the
 user gave, never data). The script is imported in the worker only when that
 configuration refers to something defined in it; if the script's top level
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import SettingError
+from .pipes import TrainerEnds, worker_pipes
 
 
 
@@ -236,15 +237,15 @@ def child(header: dict[str, Any]) -> None:
     from .heap import reuse_large_buffers
 
     reuse_large_buffers()
-    _close_inherited({0, 1, 2, header["conn"], header["stack"], header["code_fd"], *header["shared"],
-                      *header["shard_fds"].values()})
+    _close_inherited({0, 1, 2, header["commands"], header["results"], header["stack"], header["code_fd"],
+                      *header["shared"], *header["shard_fds"].values()})
     from .messages import STACK_SIGNAL, encode_fatal
 
     # armed before the user's code loads: a start that hangs there shows its stack too
     faulthandler.register(STACK_SIGNAL, file=header["stack"], all_threads=True)
-    from multiprocessing.connection import Connection
+    from .pipes import Duplex, WorkerEnds
 
-    conn = Connection(header["conn"])
+    conn = Duplex(WorkerEnds(header["commands"], header["results"]))
     try:
         _import_main(header["main_path"], header["main_module"])
         code = pickle.loads(_read_all(header["code_fd"], header["code_size"]))
@@ -313,16 +314,16 @@ class Launcher:
         return pickle.loads(self.payload)
 
     def start(self, worker_id: int, setup: dict[str, Any], shared_fds: list[int],
-              shard_fds: dict[str, int] | None = None, cpus: tuple[int, ...] = ()) -> tuple[WorkerProcess, Any, int]:
-        """(the process, the trainer's end of its pipe, the read end of its stack pipe); ``shard_fds`` are the
+              shard_fds: dict[str, int] | None = None,
+              cpus: tuple[int, ...] = ()) -> tuple[WorkerProcess, TrainerEnds, int]:
+        """(the process, the trainer's ends of its pipes, the read end of its stack pipe); ``shard_fds`` are the
         epoch's shards the trainer holds (``held.py``), inherited at their numbers; ``cpus``: where it runs (CPU
         placement; it would otherwise start on the training process's CPUs, whose mask it inherits)."""
-        from multiprocessing.connection import Pipe
-
-        parent, child_end = Pipe(duplex=True)
+        parent, child_end = worker_pipes()
         stack_r, stack_w = os.pipe()
         os.set_blocking(stack_r, False)
-        header = {"worker_id": worker_id, "conn": child_end.fileno(), "stack": stack_w, "code_fd": self._fd,
+        header = {"worker_id": worker_id, "commands": child_end.commands, "results": child_end.results,
+                  "stack": stack_w, "code_fd": self._fd,
                   "code_size": len(self.payload), "setup": setup, "trainer": os.getpid(), "shared": shared_fds,
                   "shard_fds": dict(shard_fds or {}), "cpus": list(cpus),
                   "main_path": self.script.path if self.script else None,
@@ -332,17 +333,17 @@ class Launcher:
         argv = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", entry, json.dumps(sys.path),
                 json.dumps(header)]
         try:
-            pid = spawn(argv, [child_end.fileno(), stack_w, self._fd, *shared_fds, *(shard_fds or {}).values()])
+            pid = spawn(argv, [*child_end, stack_w, self._fd, *shared_fds, *(shard_fds or {}).values()])
             if cpus:  # at once: the interpreter's start and imports already run there
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(pid, cpus)
         except BaseException:
-            parent.close()
-            os.close(stack_r)
+            for fd in (*parent, stack_r):
+                os.close(fd)
             raise
         finally:
-            child_end.close()
-            os.close(stack_w)
+            for fd in (*child_end, stack_w):
+                os.close(fd)
         return WorkerProcess(pid), parent, stack_r
 
     def close(self) -> None:

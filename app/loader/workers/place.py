@@ -1,17 +1,16 @@
-"""One worker place: its current process, its pipe read and written without blocking, its restart history.
+"""One worker place: its current process, its pipes read and written without blocking, its restart history.
 
-A message crosses the pipe framed as ``multiprocessing.connection.Connection.send_bytes`` frames it (a
-big-endian length, then the bytes); the trainer's side reads and writes the socket itself, never blocking:
-``Connection.poll()`` builds a selector a call, which cost more than the rest of a batch's work.
+A message crosses a pipe (``pipes.py``) framed as ``multiprocessing.connection.Connection.send_bytes`` frames
+it (a big-endian length, then the bytes); the trainer's side reads and writes the descriptors itself, never
+blocking: ``Connection.poll()`` builds a selector a call, which cost more than the rest of a batch's work.
 """
 
 from __future__ import annotations
 
-import socket
+import os
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from .launch import WorkerProcess
 from .messages import READY
@@ -36,8 +35,8 @@ class Place:
 
     index: int
     process: WorkerProcess | None = None
-    conn: Any = None  # multiprocessing.connection.Connection: the pipe's owner (and its fd for the selector)
-    sock: socket.socket | None = None  # the same pipe, read and written without blocking
+    results: int = -1  # the read end of its results pipe (non-blocking; -1: no process)
+    commands: int = -1  # the write end of its commands pipe (non-blocking)
     outbox: bytearray = field(default_factory=bytearray)
     inbox: bytearray = field(default_factory=bytearray)  # bytes read that do not make a whole message yet
     stack_r: int = -1
@@ -50,14 +49,13 @@ class Place:
     ever_started: bool = False  # a process was started in this place (False: added, not yet started)
     spawned_at: float = 0.0
     ended: bool = False  # its pipe ended (it died) or it is being replaced: nothing more is read from it
-    watched: int = 0  # the events the dispatcher's selector watches its pipe for (0: not registered)
+    watched: int = 0  # what the dispatcher's selector watches: EVENT_READ its results, EVENT_WRITE its commands
 
     def receive(self, messages: list[tuple[int, bytes]]) -> bool | None:
         """The whole messages waiting in the pipe, appended to ``messages`` (READY is noted, not appended): True
         if bytes came, None if none were waiting, False at the pipe's end."""
-        assert self.sock is not None
         try:
-            data = self.sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
+            data = os.read(self.results, _RECV_BYTES)
         except BlockingIOError:
             return None
         except OSError:
@@ -85,7 +83,7 @@ class Place:
     def send(self, *msgs: bytes) -> bool:
         """Frame ``msgs`` and send what the pipe takes now, in one write (the caller holds the supervisor's
         out-lock); True when bytes wait in the outbox for the pipe to take them."""
-        if self.sock is None:
+        if self.commands < 0:
             return False  # it is being replaced; the replacement gets its plan and fills anew
         if len(msgs) == 1:
             frame = _HEADER.pack(len(msgs[0])) + msgs[0]
@@ -93,7 +91,7 @@ class Place:
             frame = b"".join(_HEADER.pack(len(m)) + m for m in msgs)
         if not self.outbox:  # the common case: straight into the pipe, nothing queued before it
             try:
-                sent = self.sock.send(frame, socket.MSG_DONTWAIT)
+                sent = os.write(self.commands, frame)
             except BlockingIOError:
                 sent = 0
             except OSError:
@@ -106,12 +104,12 @@ class Place:
 
     def flush(self) -> bool:
         """Send what the pipe takes now; True if bytes are left."""
-        if self.sock is None:
+        if self.commands < 0:
             self.outbox.clear()
             return False
         try:
             while self.outbox:
-                sent = self.sock.send(self.outbox, socket.MSG_DONTWAIT)
+                sent = os.write(self.commands, self.outbox)
                 del self.outbox[:sent]
         except BlockingIOError:
             pass

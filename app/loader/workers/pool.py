@@ -123,11 +123,12 @@ class WorkerPool(Dispatcher):
             self._raise_if_failed()
             return self._supervisor.ready()
 
-    def take(self, timeout: float = 0.5, release: int | None = None,
-             more: list[int] | tuple[int, ...] = ()) -> ReadyBatch | EpochEnd | None:
+    def take(self, timeout: float = 0.5, release: int | None = None, more: list[int] | tuple[int, ...] = (),
+             ahead: int = 0, into: list[ReadyBatch | EpochEnd] | None = None) -> ReadyBatch | EpochEnd | None:
         """The next filled batch, an EpochEnd once all are taken, or None after ``timeout``; ``release``: a slot
         given back first, under the same lock (the loop's zero-copy batch: one lock a ``next()``), with ``more``
-        (batches read ahead: ``DirectHandOff``), their fills sent in one pass.
+        (batches read ahead: ``DirectHandOff``), their fills sent in one pass. With ``ahead``, up to that many
+        batches after it whose results are in go to ``into``, under the same lock (up to an ``EpochEnd``).
 
         The results it needs are read here, from the pipe of the worker whose batch comes next, and a
         wait is a wait on that pipe (``waiters.py``). A consumer that keeps getting None counts as waiting:
@@ -146,6 +147,14 @@ class WorkerPool(Dispatcher):
                     self._supervisor.wake()
             item = self._next()
             if item is not None:
+                if ahead and into is not None and type(item) is not EpochEnd:
+                    for _ in range(ahead):
+                        nxt = self._next()
+                        if nxt is None:
+                            break
+                        into.append(nxt)
+                        if type(nxt) is EpochEnd:
+                            break
                 return item
             now = time.monotonic()
             self._waiting.setdefault(threading.get_ident(), [now, now])[1] = now

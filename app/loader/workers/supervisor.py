@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import selectors
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -60,7 +59,7 @@ class Supervisor:
         self._procs = [Place(i) for i in range(workers)]
         self._selector = selectors.DefaultSelector()
         self._fd_lock = threading.Lock()  # wake() against close(): never write into a reused fd number
-        self._out_lock = threading.Lock()  # outboxes, sockets, processes: send(), the memory watcher vs _forget()
+        self._out_lock = threading.Lock()  # outboxes, pipes, processes: send(), the memory watcher vs _forget()
         self._memory = MemoryWatcher(worker_memory, self._live, self._out_lock) if worker_memory > 0 else None
         self.held = HeldShards()  # the epoch's shards, for a replacement to inherit (held.py)
         self._wake_r, self._wake_w = os.pipe()
@@ -93,7 +92,7 @@ class Supervisor:
 
     def started(self, worker: int) -> bool:
         """A process runs in this worker place (an added place may not have one yet)."""
-        return self._procs[worker].sock is not None
+        return self._procs[worker].commands >= 0
 
     def ready(self) -> bool:
         """Every worker finished starting (imports done): a pool that grew may hand them work without a wait."""
@@ -143,7 +142,7 @@ class Supervisor:
         procs = self._procs
         for w in (range(len(procs)) if workers is None else workers):
             p = procs[w]
-            if p.sock is not None and not p.ended:
+            if p.results >= 0 and not p.ended:
                 self._receive(p, messages)
         return messages
 
@@ -155,7 +154,7 @@ class Supervisor:
     def pipe_of(self, worker: int) -> int:
         """The fd a consumer may select on for this worker's results, or -1 (none now: being replaced)."""
         p = self._procs[worker]
-        return p.sock.fileno() if p.sock is not None and not p.ended else -1
+        return p.results if not p.ended else -1
 
     def _receive(self, p: Place, messages: list[tuple[int, bytes]]) -> bool:
         """Read what ``p``'s pipe holds into ``messages``; False at its end."""
@@ -178,18 +177,17 @@ class Supervisor:
         """Select (the dispatcher, before it selects) on exactly the pipes of workers still starting and
         those with bytes waiting to be sent."""
         for p in self._procs:
-            if p.conn is None:
+            if p.results < 0:
                 continue
             events = (0 if p.started or p.ended else selectors.EVENT_READ) | (
                 selectors.EVENT_WRITE if p.outbox else 0)
-            if events == p.watched:
-                continue
-            if p.watched and events:
-                self._selector.modify(p.conn, events, ("conn", p))
-            elif events:
-                self._selector.register(p.conn, events, ("conn", p))
-            else:
-                self._selector.unregister(p.conn)
+            changed = events ^ p.watched
+            for event, fd in ((selectors.EVENT_READ, p.results), (selectors.EVENT_WRITE, p.commands)):
+                if changed & event:
+                    if events & event:
+                        self._selector.register(fd, event, ("conn", p))
+                    else:
+                        self._selector.unregister(fd)
             p.watched = events
 
     def progressed(self, worker: int) -> None:
@@ -284,23 +282,26 @@ class Supervisor:
     def _spawn(self, p: Place) -> None:
         self._ring.status[p.index] = (-1, -1, -1, -1)
         self._beat.beat(f"starting worker {p.index}")
-        proc, conn, stack_r = self._launcher.start(p.index, self._setup, self._shared_fds, self.held.fds,
+        proc, ends, stack_r = self._launcher.start(p.index, self._setup, self._shared_fds, self.held.fds,
                                                    self._cpus_of(p.index) if self._cpus_of is not None else ())
         self._beat.beat()
-        p.process, p.conn, p.stack_r = proc, conn, stack_r
-        p.sock = socket.socket(fileno=os.dup(conn.fileno()))
+        p.process, p.stack_r = proc, stack_r
+        p.results, p.commands = ends
         p.outbox.clear()
         p.inbox.clear()
         p.started, p.seen, p.progress_at, p.ever_started = False, None, time.monotonic(), True
         p.spawned_at, p.ended = p.progress_at, False
-        self._selector.register(conn, selectors.EVENT_READ, ("conn", p))
+        self._selector.register(p.results, selectors.EVENT_READ, ("conn", p))
         p.watched = selectors.EVENT_READ
         if proc.sentinel is not None:
             self._selector.register(proc.sentinel, selectors.EVENT_READ, ("dead", p))
 
     def _forget(self, p: Place) -> int | None:
         """Kill a worker if it still runs, drop its pipes and handle; its exit code."""
-        for obj in (p.conn if p.watched else None, p.process.sentinel if p.process is not None else None):
+        watched = (p.results if p.watched & selectors.EVENT_READ else None,
+                   p.commands if p.watched & selectors.EVENT_WRITE else None,
+                   p.process.sentinel if p.process is not None else None)
+        for obj in watched:
             if obj is not None:
                 try:
                     self._selector.unregister(obj)
@@ -308,13 +309,11 @@ class Supervisor:
                     pass
         p.watched = 0
         with self._out_lock:
-            conn, sock, stack_r, proc = p.conn, p.sock, p.stack_r, p.process
-            p.conn, p.sock, p.stack_r, p.process = None, None, -1, None  # before closing: no second close
-        for closable in (conn, sock):
-            if closable is not None:
-                closable.close()
-        if stack_r >= 0:
-            os.close(stack_r)
+            fds, proc = (p.results, p.commands, p.stack_r), p.process
+            p.results, p.commands, p.stack_r, p.process = -1, -1, -1, None  # before closing: no second close
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
         if proc is None:
             return None
         self._beat.beat(f"stopping worker {p.index}")

@@ -48,6 +48,7 @@ from .messages import (
     decode_fill,
     encode_fatal,
 )
+from .pipes import Duplex
 from .sample_writer import SampleWriter, rejection
 
 log = logging.getLogger("feedline.worker")
@@ -95,7 +96,7 @@ class WorkerArgs:
     """One worker: its number, its pipe to the trainer, where its stack goes on STACK_SIGNAL, what it runs."""
 
     worker_id: int
-    conn: Connection
+    conn: Duplex | Connection  # its pipes to the trainer (pipes.py); a Connection where a test drives it alone
     stack_fd: int
     setup: WorkerSetup
     code: WorkerCode
