@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import re
 import signal
 import subprocess
@@ -74,6 +75,23 @@ def test_a_worker_start_leaves_no_descriptor_but_its_own_in_the_worker(tmp_path)
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_a_worker_talks_to_the_trainer_over_two_pipes_whose_trainer_ends_never_block(tmp_path):
+    """One pipe each way (pipes.py): the trainer reads results from one and writes fills to the other, never
+    blocking; the worker holds the other ends of the same two pipes."""
+    shards = id_shards(str(tmp_path / "ids"), shards=2, per_shard=8)
+    with StagingLoader(shards, batch_size=4, workers=1) as loader:
+        next(iter(loader))
+        place = loader._pipeline.pool._supervisor._procs[0]
+        ends = (place.results, place.commands)
+        pipes = {f"pipe:[{os.fstat(fd).st_ino}]" for fd in ends}
+        assert all(stat.S_ISFIFO(os.fstat(fd).st_mode) and not os.get_blocking(fd) for fd in ends)
+        assert len(pipes) == 2
+        pid = loader._pipeline.pool.worker_pids()[0]
+        targets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    assert pipes <= targets
+    assert not any(t.startswith("socket:") for t in targets)
 
 
 def blocking_start(release: threading.Event):

@@ -85,6 +85,36 @@ def test_an_epoch_left_with_batches_read_ahead_gives_their_slots_back(shards):
             assert sorted(ids) == list(range(6 * 37))
 
 
+def test_a_batch_handed_out_from_those_read_ahead_takes_no_lock_and_is_counted(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, zero_copy=True) as loader:
+        it = iter(loader)
+        _read_ahead(it, loader)
+        pool = loader._pipeline.pool
+        lock = pool._cv
+        locks = [0]
+
+        class Counted:  # the pool's lock, its acquisitions counted (the dispatcher's too: none in this short span)
+            def acquire(self, *args, **kwargs):
+                locks[0] += 1
+                return lock.acquire(*args, **kwargs)
+
+            def __getattr__(self, name):
+                return getattr(lock, name)
+
+        takes = _counting_takes(loader)
+        before = loader.cost()
+        pool._cv = Counted()
+        try:
+            batch = next(it)  # handed out from those read ahead
+        finally:
+            pool._cv = lock
+        after = loader.cost()
+        assert batch["bin"].shape == (8, 64)
+    assert takes[0] == 0 and locks[0] == 0
+    assert after.batches == before.batches + 1
+    assert after.cpu_seconds["loop"] > before.cpu_seconds["loop"]  # timed by the wall clock: it cannot block
+
+
 def test_batches_read_ahead_count_as_decoded_on_a_cpu_host_which_has_no_device_queue(shards):
     with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, zero_copy=True) as loader:
         it = iter(loader)
