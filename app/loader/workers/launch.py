@@ -5,7 +5,7 @@ worker (as ``__mp_main__``) so that whatever the script defined can be unpickled
 there. A script written without ``if __name__ == "__main__":`` — most notebooks
 and quick scripts — then builds a loader inside each worker and dies while
 bootstrapping. This launcher starts ``python -c ...`` with the trainer's
-``sys.path``, hands it its pipes', ring and stack descriptors by number, and sends
+``sys.path``, hands it the descriptors of its pipes, ring and stack by number, and sends
 it the worker configuration pickled (the user's transform and decoders: code the
 user gave, never data). The script is imported in the worker only when that
 configuration refers to something defined in it; if the script's top level

@@ -57,7 +57,3 @@ class Duplex:
     def fileno(self) -> int:
         """The commands' end: what ``select`` waits on for the next command."""
         return self._rx.fileno()
-
-    def close(self) -> None:
-        self._rx.close()
-        self._tx.close()
