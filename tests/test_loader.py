@@ -100,7 +100,8 @@ def test_a_slot_gets_as_many_views_made_ahead_as_it_handed_out_since_the_last_ti
     from feedline.loader.device.handoff import MAX_STOCK, STOCK
 
     many = id_shards(str(tmp_path / "many"), shards=4, per_shard=250)
-    with StagingLoader(many, batch_size=4, workers=2, spec=ID_SPEC, zero_copy=True) as loader:
+    # 7 slots: 70 batches a round hand out about 10 views a slot, past the floor of 8
+    with StagingLoader(many, batch_size=4, workers=2, spec=ID_SPEC, zero_copy=True, ring_slots=7) as loader:
         it = iter(loader)
         handoff = loader._pipeline.queue
         handed, seen, peak = [], set(), 0

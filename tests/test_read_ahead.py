@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from feedline import LoaderError, StagingLoader
-from feedline.loader.device.handoff import AHEAD
+from feedline.loader.device.handoff import AHEAD, READ_AHEAD_MEMORY, cpu_ring_slots
+from feedline.loader.settings import default_ring_slots
 
 ID_SPEC = {"cls": "int64", "bin": ("uint8", (64,))}
 
@@ -122,3 +123,40 @@ def test_batches_read_ahead_count_as_decoded_on_a_cpu_host_which_has_no_device_q
         held = loader._pipeline.queue.depth()
         depth = loader.stats().queue_depth
     assert depth["device"] == 0 and depth["decoded"] >= held > 0
+
+
+def test_a_loop_stepping_every_few_milliseconds_reads_ahead_too(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, zero_copy=True) as loader:
+        it = iter(loader)
+        next(it)
+        time.sleep(0.2)  # the workers fill the ring
+        takes = _counting_takes(loader)
+        batches = _slow_epoch(it, 0.003)
+    assert takes[0] < len(batches) // 2
+
+
+def test_a_cpu_hosts_default_ring_has_room_for_one_next_to_read_ahead_in_full(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, zero_copy=True) as loader:
+        assert AHEAD == 8
+        assert loader.ring_slots == loader._pipeline.ring.slots == 17  # 2 x 8 + 1: 8 read ahead, 8 going back
+        it, handoff = iter(loader), loader._pipeline.queue
+        next(it)
+        while handoff.depth():  # hand out what the first next() read ahead
+            next(it)
+        time.sleep(0.3)  # the workers fill every other slot
+        next(it)
+        assert handoff.depth() == 7  # the batches after the one it returned
+
+
+def test_a_ring_slots_set_or_a_device_path_keeps_the_ring_it_asked_for(shards):
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, ring_slots=7) as loader:
+        assert loader._pipeline.ring.slots == 7
+    with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, device="standin", transfer_threads=1) as loader:
+        assert loader._pipeline.ring.slots == default_ring_slots(2, 1)
+
+
+def test_a_large_batch_grows_the_default_ring_by_what_the_read_ahead_memory_holds():
+    assert cpu_ring_slots(7, 1 << 20) == 17
+    assert cpu_ring_slots(7, READ_AHEAD_MEMORY // 2) == 9
+    assert cpu_ring_slots(7, READ_AHEAD_MEMORY + 1) == 7
+    assert cpu_ring_slots(27, 1 << 20) == 27  # twelve workers' ring has the room already

@@ -13,6 +13,7 @@ from ..api.config import Config
 from ..errors import SettingError
 from ..formats import fastjpeg
 from ..loader.layout.side import KEY_ONLY_SIDE_BYTES
+from ..loader.device.handoff import cpu_ring_slots
 from ..loader.settings import default_ring_slots
 from ..loader.tune.autotune import resolved
 from ..preflight import Check, check_docker, check_gpu, check_memory_for, check_pillow_simd, check_shm, fmt_bytes
@@ -53,9 +54,12 @@ def run(cfg: Config, console: Console) -> int:
     """1 when a check failed, else 0; the table says what was found and what to change."""
     cache = cfg.cache or DEFAULT_CACHE
     most = resolved(cfg.workers, cfg.transfer_threads, "cpu", cfg.max_workers or None)  # auto's ring: its most
-    slots = cfg.ring_slots or default_ring_slots(*most)
     side = cfg.side_bytes or KEY_ONLY_SIDE_BYTES  # the demo batch: image, label, and the key beside them
-    ring = slots * cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 8 + side)
+    slot = cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 8 + side)
+    slots = cfg.ring_slots or default_ring_slots(*most)
+    if not cfg.ring_slots and cfg.resolved_device() == "cpu":  # a CPU host's ring has room to read ahead
+        slots = cpu_ring_slots(slots, slot)
+    ring = slots * slot
     checks = [
         # downloads in flight: a shard each, taken as a 16th of the budget (a cache holds many shards); and the
         # retain room (the sidecar's retain_room: evicted shards kept for readers' leases, at least two shards)

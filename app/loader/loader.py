@@ -37,7 +37,7 @@ from .cpus.pinning import ProcessPins
 from .cpus.placement import for_this_process
 from .device.device_decode import DeviceDecoder, compressed_spec, worker_decode
 from .device.gpu import CudaGpu, Gpu
-from .device.handoff import DirectCopy, DirectHandOff
+from .device.handoff import DirectCopy, DirectHandOff, cpu_ring_slots
 from .device.slots import DeviceSlots
 from .device.standin import StandInGpu
 from .device.transfer import DeviceQueue, FieldsHandOff, SlotHandOff, TransferStage
@@ -215,6 +215,7 @@ class StagingLoader(LoaderEpochs):
                 here = choose("cuda" if on_device else "cpu", device_decode=s.device_decode is not None,
                               threads_per_worker=threads_per_worker, placed_cpus=placed).most
                 remote_most, grows_onto = remote_capacity(checked, here), True
+        default_ring = s.ring_slots is None  # a CPU host's is sized for reading ahead once the batch's bytes are known
         s, most, local = s.resolve_auto("cuda" if on_device else "cpu", threads_per_worker, placed, remote_most)
         self.settings, self.most_workers = s, most
         meter = CpuMeter(cpus=set(self.placement.worker_cpus)) if self.placement.placed else None  # workers' idle
@@ -247,6 +248,8 @@ class StagingLoader(LoaderEpochs):
                 self.spec = compressed_spec(self.spec, s.device_decode)
             layout = RingLayout(self.spec, s.batch_size, resolve_side_bytes(s.side_bytes, self.spec, probed),
                                 labelled=self.mixture is not None)
+            if default_ring and not on_device and s.device_decode is None:  # (DirectHandOff reads ahead)
+                s = self.settings = s.replace(ring_slots=self._ring_for_reading_ahead(layout, s.slots))
             check_ring_memory(layout, s.slots, self.most_workers)
             p.ring = BatchRing(layout, s.slots, self.most_workers)
             if on_device:
@@ -283,6 +286,17 @@ class StagingLoader(LoaderEpochs):
         except BaseException:
             self.close()
             raise
+
+    def _ring_for_reading_ahead(self, layout: RingLayout, slots: int) -> int:
+        """A CPU host's default ring: grown for ``next()`` to read batches ahead (``cpu_ring_slots``) where the
+        memory left holds it; else the plain default, refused (naming ring_slots) if that does not fit either."""
+        grown = cpu_ring_slots(slots, layout.slot_bytes)
+        if grown > slots:
+            try:
+                check_ring_memory(layout, grown, self.most_workers)
+            except SettingError:
+                return slots
+        return grown
 
     def _hand_off(self, p: Pipeline, gpu: Gpu, s: LoaderSettings) -> None:
         """The device path: ``next()`` copying slots itself, or transfer threads (``h2d`` "slot" or "fields")."""

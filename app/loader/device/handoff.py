@@ -15,7 +15,6 @@ Each has the interface the iterator reads: ``get(release)`` (the next batch, or 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -37,8 +36,8 @@ log = logging.getLogger("feedline.loader")
 CALLS = 3  # device calls a next() may make on the loop's thread (the budget), past the epoch's first batches
 STOCK = 8  # zero-copy views made ahead a slot at least (DirectHandOff.restock): a second's at ~40 steps/s on 5 slots
 MAX_STOCK = 256  # ... and at most: what a slot hands out between two ticks at a step far faster than anyone's
-AHEAD = 3  # DirectHandOff: batches one next() reads when that many are filled already (get) ...
-READ_AHEAD_AFTER = 0.01  # ... after the loop spent this many seconds or more away (shorter: its caches are warmer)
+AHEAD = 8  # DirectHandOff: batches one next() reads when that many are filled already (get)
+READ_AHEAD_MEMORY = 64 << 20  # ring memory a CPU host's default ring may add for reading that many ahead
 
 
 class DeviceBatch(NamedTuple):
@@ -55,6 +54,18 @@ class DeviceBatch(NamedTuple):
     nbytes: int = 0  # payload bytes (tensors and side fields)
     device_slot: int | None = None  # h2d="slot": the slot whose device buffer it views
     lease: Lease | None = None  # zero-copy: what releases the batch's views when its slot goes back
+
+
+def cpu_ring_slots(slots: int, slot_bytes: int) -> int:
+    """A CPU host's default ring: ``slots`` (``default_ring_slots``) grown, within ``READ_AHEAD_MEMORY``, to the
+    ``2 * AHEAD + 1`` slots that let one ``next()`` read ``AHEAD`` batches while as many go back to the workers
+    (at a take, only the slots not just given back can be filled). Small batches get it all (each read in a row
+    costs a fraction of the first, cold); a batch of tens of MB gets a slot or none, and its steps are long
+    enough that reading ahead matters less."""
+    want = 2 * AHEAD + 1
+    if slots >= want:
+        return slots
+    return slots + min(want - slots, READ_AHEAD_MEMORY // max(1, slot_bytes))
 
 
 def origin(item: ReadyBatch) -> tuple[int, int, int]:
@@ -95,10 +106,9 @@ class DirectHandOff:
         self._epoch = -1
         self._ahead: deque[DeviceBatch | None] = deque()  # read ahead, in delivery order (None: the epoch's end)
         self._returned: list[int] = []  # slots let go while batches read ahead were handed out: given back together
-        self._reads_ahead = decoder is None
         # at most half the ring's other slots out of the workers' hands: read ahead, or let go and not given back
-        self._read_at_most = max(1, min(AHEAD, (ring.slots - 1) // 2))
-        self._left_at = 0.0  # when get() last returned a batch it took from the pool
+        # (a CPU host's default ring has room for AHEAD: cpu_ring_slots)
+        self._read_at_most = max(1, min(AHEAD, (ring.slots - 1) // 2)) if decoder is None else 1
 
     def start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
@@ -137,25 +147,22 @@ class DirectHandOff:
 
         A take reads ahead the batches after its own while they are filled already, up to ``AHEAD`` in all (fewer
         where the ring is small: at most half its other slots wait read ahead or let go), under the same lock.
-        After a step of tens of milliseconds the loop's caches are cold, and the pool's path (lock, scheduler,
-        fill, results) is most of a ``next()``'s cost: read in a row, the batches after the first cost a
-        fraction of it, and the ``next()`` calls that hand them out call nothing. Only a ring ahead of the loop
-        reads ahead: where the workers are behind, the next batch is not filled yet and nothing changes. A slot
-        let go meanwhile goes back a batch or two later, to workers that are ahead. A loop back in less than
-        ``READ_AHEAD_AFTER`` (its steps, not its waits for data) does not read ahead: its caches are warm, and a
-        look at the workers' pipes for results not in yet would cost it more than reading ahead saves."""
+        After a step of milliseconds the loop's caches are cold, and the pool's path (lock, scheduler, fill,
+        results) is most of a ``next()``'s cost: read in a row, the batches after the first cost a fraction of
+        it, and the ``next()`` calls that hand them out call nothing. Only a ring ahead of the loop reads ahead:
+        where the workers are behind, the next batch is not filled yet, and the look costs one read of a pipe
+        that is empty. A slot let go meanwhile goes back a few batches later, to workers that are ahead."""
         ahead = self._ahead
         if ahead:
             if release is not None:
                 self._returned.append(release)
             return ahead.popleft()
-        away = time.perf_counter() - self._left_at  # the loop's steps since it last came here (no data wait)
         more = self._returned
         if more:
             self._returned = []
             if release is None:
                 release = more.pop()
-        reads = self._read_at_most - 1 if self._reads_ahead and away >= READ_AHEAD_AFTER else 0
+        reads = self._read_at_most - 1
         take = self._pool.take
         while True:
             read: list[ReadyBatch | EpochEnd] = []
@@ -179,7 +186,6 @@ class DirectHandOff:
                 else:
                     ahead.append(self._batch(it))
             if batch is not None:
-                self._left_at = time.perf_counter()
                 return batch
             if more:
                 release = more.pop()
