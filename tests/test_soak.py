@@ -137,6 +137,36 @@ def test_a_cache_over_its_budget_and_the_downloads_in_flight_fails_the_run(tmp_p
     assert any(f.startswith("/dev/shm: the cache's shards took") for f in v.failures), v.failures
 
 
+def test_an_unexpected_exit_fails_the_run_naming_the_last_line_of_its_log(tmp_path):
+    r = record([row(t, 1, 200 * MiB) for t in range(0, 1801, 10)])
+    r.exits.append({"t": 165.0, "role": "trainer", "code": 1, "expected": False,
+                    "log_tail": "starting\nfeedline.LoaderError: no readable sample in the first shards\n\n"})
+    v = judge(r, one_epoch(tmp_path, ["a", "b"]), warmup=60, worker_warmup=0)
+    assert ("trainer exited with 1 at 165 s, not by the schedule; its log's last line: feedline.LoaderError: no "
+            "readable sample in the first shards") in v.failures
+
+
+def test_a_process_that_ended_by_itself_leaves_the_end_of_its_log_in_the_record(tmp_path, caplog):
+    import sys
+
+    from feedline.soak.run import TAIL_LINES, Soak, _Proc
+
+    code = "import sys\nfor i in range(100): print('line', i)\nsys.exit('the cause')"
+    p = _Proc("trainer", lambda: [sys.executable, "-c", code], str(tmp_path))
+    p.start()
+    p.proc.wait()
+    soak = Soak.__new__(Soak)  # only what _watch_exits reads: its processes, the record, the clock
+    soak.procs, soak.record, soak.t0 = {"trainer": p}, Record(settings={}), 0.0
+    p.start = lambda: None  # (a restart is not what this checks)
+    with caplog.at_level("WARNING", logger="feedline.soak"):
+        soak._watch_exits()
+    [exit_] = soak.record.exits
+    assert exit_["code"] == 1 and not exit_["expected"]
+    tail = exit_["log_tail"].splitlines()
+    assert len(tail) == TAIL_LINES and tail[-1] == "the cause" and tail[0] == f"line {100 - TAIL_LINES + 1}"
+    assert "the cause" in caplog.text and p.log_path in caplog.text
+
+
 @pytest.mark.soak
 def test_three_minutes_under_every_fault_meet_the_targets_and_leave_nothing():
     code = SOAK.wait()  # started beside the suite as it began (background_soak.py), with background_soak.ARGS

@@ -198,7 +198,9 @@ def judge(record: Record, keys_dir: str, warmup: float, worker_warmup: float,
                           f"epoch's shards can (the budget, {record.budget})")
     for e in record.exits:
         if not e["expected"]:
-            v.failures.append(f"{e['role']} exited with {e['code']} at {e['t']:.0f} s, not by the schedule")
+            last = [line for line in e.get("log_tail", "").splitlines() if line.strip()]
+            v.failures.append(f"{e['role']} exited with {e['code']} at {e['t']:.0f} s, not by the schedule"
+                              + (f"; its log's last line: {last[-1].strip()}" if last else ""))
     v.failures += [f"left over after the run: {x}" for x in record.leftovers]
     return v
 

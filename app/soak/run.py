@@ -31,6 +31,9 @@ from .settings import SoakSettings
 
 log = logging.getLogger("feedline.soak")
 
+TAIL_LINES = 30  # lines of a process's log an unexpected exit carries (in the record and the output)
+TAIL_BYTES = 64 << 10  # read from the log's end for them
+
 ROLES = ("trainer", "worker", "sidecar", "store", "prometheus")
 
 
@@ -99,7 +102,7 @@ class _Proc:
 
     def start(self) -> None:
         self.starts += 1
-        with open(os.path.join(self.logs, f"{self.role}-{self.starts}.log"), "w") as out:
+        with open(self.log_path, "w") as out:
             self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)
         self.started_at = time.monotonic()
@@ -107,6 +110,21 @@ class _Proc:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    @property
+    def log_path(self) -> str:
+        """This life's log (the one started last)."""
+        return os.path.join(self.logs, f"{self.role}-{self.starts}.log")
+
+    def log_tail(self, lines: int = TAIL_LINES) -> str:
+        """The last ``lines`` lines of this life's log: why it ended, where it said so."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - TAIL_BYTES))
+                text = f.read().decode("utf-8", "replace")
+        except OSError as exc:
+            return f"(its log could not be read: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int | None:
         if self.proc is None:
@@ -265,8 +283,11 @@ class Soak:
             if p.proc is not None and p.proc.poll() is not None:
                 code = p.proc.returncode
                 p.proc = None
-                self._exit(role, code, expected=False)
+                tail = p.log_tail()  # its cause, in the record and the output: the logs folder may be gone later
+                self._exit(role, code, expected=False, log_tail=tail)
                 self._event("unexpected_exit", f"{role} exited with {code} by itself; started again")
+                log.warning("%s exited with %s by itself; the end of its log (%s):\n%s", role, code, p.log_path,
+                            tail)
                 p.start()
 
     def _sample(self, now: float, keys: int) -> None:
@@ -303,9 +324,10 @@ class Soak:
         log.info("%6.0f s  %s: %s", t, kind, detail)
         self.record.events.append(asdict(Event(round(t, 2), kind, detail)))
 
-    def _exit(self, role: str, code: int | None, expected: bool) -> None:
+    def _exit(self, role: str, code: int | None, expected: bool, log_tail: str | None = None) -> None:
         t = time.monotonic() - self.t0 if self.t0 else 0.0
-        self.record.exits.append({"t": round(t, 2), "role": role, "code": code, "expected": expected})
+        self.record.exits.append({"t": round(t, 2), "role": role, "code": code, "expected": expected,
+                                  **({"log_tail": log_tail} if log_tail is not None else {})})
 
     def _finish(self, keys: "_KeyCount") -> None:
         """Stop the trainer as an orchestrator does (SIGTERM: it saves), then the rest; what is left over."""
