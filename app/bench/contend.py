@@ -12,6 +12,7 @@ import logging
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -134,7 +135,10 @@ def _run_json(cmd: list[str], env: dict[str, str], workload: str, label: str) ->
     finally:
         remove_orphaned_torch_shm(before, label)
     if out.returncode != 0:
-        raise RuntimeError(f"contender {label} failed:\n{out.stderr[-3000:]}")
+        code = out.returncode
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+            else f"exit code {code}"
+        raise RuntimeError(f"contender {label} failed ({how}):\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["label"] = label
     print(f"        {result['samples_per_s']:9.1f} samples/s"

@@ -13,6 +13,7 @@ and keeps the CPU accounting clean.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import glob
 import io
 import json
@@ -369,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--report-epoch", action="store_true",
                    help="add the first epoch's labels and sample shapes to the result (a check that it is whole)")
     args = p.parse_args(argv)
+    faulthandler.enable()  # a row that dies by a signal names where, in the stderr the bench reports
     torch.set_num_threads(1)
     if args.loader == "single-core" and args.workload == "video":
         from .video_bench import single_core
