@@ -128,11 +128,16 @@ def test_batches_read_ahead_count_as_decoded_on_a_cpu_host_which_has_no_device_q
 def test_a_loop_stepping_every_few_milliseconds_reads_ahead_too(shards):
     with StagingLoader(shards, batch_size=8, workers=2, spec=ID_SPEC, zero_copy=True) as loader:
         it = iter(loader)
-        next(it)
+        first = next(it)["cls"].tolist()
         time.sleep(0.2)  # the workers fill the ring
         takes = _counting_takes(loader)
         batches = _slow_epoch(it, 0.003)
     assert takes[0] < len(batches) // 2
+    ids = first + [int(i) for b in batches for i in b["cls"]]
+    assert sorted(ids) == list(range(6 * 37))  # every sample once, read ahead or not
+    for b in batches:
+        for i, row in zip(b["cls"].tolist(), b["bin"]):
+            assert torch.all(row == i % 251)
 
 
 def test_a_cpu_hosts_default_ring_has_room_for_one_next_to_read_ahead_in_full(shards):

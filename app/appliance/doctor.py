@@ -57,7 +57,7 @@ def run(cfg: Config, console: Console) -> int:
     side = cfg.side_bytes or KEY_ONLY_SIDE_BYTES  # the demo batch: image, label, and the key beside them
     slot = cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 8 + side)
     slots = cfg.ring_slots or default_ring_slots(*most)
-    if not cfg.ring_slots and cfg.resolved_device() == "cpu":  # a CPU host's ring has room to read ahead
+    if not cfg.ring_slots and not cfg.device_decode and cfg.resolved_device() == "cpu":  # room to read ahead
         slots = cpu_ring_slots(slots, slot)
     ring = slots * slot
     checks = [
