@@ -183,6 +183,23 @@ def test_the_fill_is_compared_round_by_round_not_median_to_median():
     assert per_round_ratio(sidecar, urllib) == [1.5, 1 / 3, 2.0]  # medians alone would say 2.0 / 2.0 = 1.0
 
 
+def test_a_workers_rate_per_cpu_second_pairs_each_rounds_rate_cpu_and_one_core_rate():
+    from feedline.bench.targets import fmt_share, per_cpu_share
+
+    # round 1 is a slow spell for both rows: its rate and the one-core rate fall together
+    rounds = [{"samples_per_s": 200.0, "workers_cpu_pct": 200.0}, {"samples_per_s": 150.0, "workers_cpu_pct": 180.0},
+              {"samples_per_s": 210.0, "workers_cpu_pct": 200.0}]
+    row = {"samples_per_s": 200.0, "workers_cpu_pct": 200.0, "rounds": rounds}
+    single = {"samples_per_s": 100.0, "rounds": [{"samples_per_s": 100.0}, {"samples_per_s": 80.0},
+                                                 {"samples_per_s": 105.0}]}
+    med, lo, hi = per_cpu_share(row, single)
+    assert (med, lo, hi) == (1.0, 1.0, 150 / 1.8 / 80)  # medians alone would pair round 1's CPU with others' rates
+    assert fmt_share((med, lo, hi)) == "100 % (100-104)"
+    one = {"samples_per_s": 190.0, "workers_cpu_pct": 200.0}  # --quick: one round, no rounds kept
+    assert per_cpu_share(one, {"samples_per_s": 100.0}) == (0.95, 0.95, 0.95)
+    assert fmt_share(per_cpu_share(one, {"samples_per_s": 100.0})) == "95 %"
+
+
 def test_rotated_puts_each_contender_first_in_turn():
     from feedline.bench.rounds import rotated
 
