@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from .rounds import fmt_ratio, ratio
@@ -253,16 +252,16 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
 
 
 def per_cpu_share(row: dict[str, Any], single: dict[str, Any]) -> tuple[float, float, float]:
-    """``row``'s samples per second of its workers' CPU over one core's rate: the median of per-round ratios (each
-    round's rate with that round's CPU and that round's one-core rate), min, max. Medians taken apart pair a
-    rate of one round with the CPU of another and the one-core rate of a third."""
-    rounds, singles = row.get("rounds"), single.get("rounds")
-    if (not rounds or not singles or len(rounds) != len(singles)
-            or not all(r.get("workers_cpu_pct") for r in rounds)):
-        r = row["samples_per_s"] / (row["workers_cpu_pct"] / 100) / single["samples_per_s"]
-        return r, r, r
-    values = [r["samples_per_s"] / (r["workers_cpu_pct"] / 100) / s["samples_per_s"] for r, s in zip(rounds, singles)]
-    return statistics.median(values), min(values), max(values)
+    """``row``'s samples per second of its workers' CPU over one core's rate, round by round (``ratio``): each
+    round's rate with that round's CPU. Medians taken apart pair a rate of one round with the CPU of another."""
+    def per_cpu(r: dict[str, Any]) -> dict[str, float]:
+        return {"samples_per_s": r["samples_per_s"] / (r["workers_cpu_pct"] / 100)}
+
+    rounds = row.get("rounds") or []
+    rated: dict[str, Any] = per_cpu(row)
+    if rounds and all(r.get("workers_cpu_pct") for r in rounds):
+        rated["rounds"] = [per_cpu(r) for r in rounds]
+    return ratio(rated, single)
 
 
 def fmt_share(r: tuple[float, float, float]) -> str:
