@@ -146,6 +146,23 @@ def test_the_cpu_meter_reads_idle_time_of_its_own_cpus_and_the_cgroup_quota(tmp_
     assert meter.idle_cpus() == 0.0
 
 
+def test_the_cpu_meter_reads_a_cgroup_v1_quota_and_use(tmp_path):
+    stat, cgroup = tmp_path / "stat", tmp_path / "cg"
+    (cgroup / "cpu,cpuacct").mkdir(parents=True)
+    (cgroup / "cpu,cpuacct" / "cpu.cfs_quota_us").write_text("100000\n")  # one CPU
+    (cgroup / "cpu,cpuacct" / "cpu.cfs_period_us").write_text("100000\n")
+
+    def write(idle, usage_ns):  # both CPUs idle by /proc/stat; the cgroup used its quota
+        stat.write_text(f"cpu0 0 0 0 {idle} 0 0 0 0 0 0\ncpu1 0 0 0 {idle} 0 0 0 0 0 0\n")
+        (cgroup / "cpu,cpuacct" / "cpuacct.usage").write_text(f"{usage_ns}\n")
+
+    write(0, 0)
+    meter = tuner.CpuMeter(str(stat), str(cgroup), cpus={0, 1})
+    time.sleep(0.2)
+    write(100, 10_000_000_000)
+    assert meter.idle_cpus() == 0.0  # 2 by /proc/stat alone
+
+
 ID_SPEC = {"cls": "int64", "bin": ("uint8", (64,))}
 
 
@@ -258,3 +275,26 @@ def test_auto_stops_growing_when_its_workers_share_two_cpus_with_a_loop_whose_st
     # the stop's verdict, where the epoch lasts long enough for one (CI's has ended first, with none or "for now"):
     # the step slowed (back to 1, or kept at 2), or busy, or fed; what never happens is a third worker
     assert workers == (1 if slowed and "back to 1" in slowed[0] else 2), said  # never 3
+
+
+@pytest.mark.idle_cpus  # the first growth needs an idle CPU
+def test_auto_goes_back_to_one_worker_when_the_second_slows_the_loops_step_and_loses_no_sample(tmp_path, caplog):
+    """The whole path of the rule (tuner.slowed) in a real loader: the loop's step is made 10x slower while two
+    workers run (as a launching thread is when workers share its core), so a batch comes no sooner with them:
+    the rest of the epoch goes back to one worker, every sample once."""
+    shards = id_shards(str(tmp_path / "ids"), shards=8, per_shard=400)
+    counts = []
+    with caplog.at_level(logging.INFO, logger="feedline.loader"):
+        with StagingLoader(shards, batch_size=8, workers="auto", max_workers=2, spec=ID_SPEC,
+                           transform=Slow(0.002), cpu_placement="off") as loader:
+            ids = []
+            for b in loader:
+                ids += [int(i) for i in b["cls"]]
+                counts.append(loader.workers)
+                time.sleep(0.004 if loader.workers == 1 else 0.04)
+            workers = loader.workers
+    said = [r.getMessage() for r in caplog.records]
+    assert sorted(ids) == list(range(3200))
+    assert any("workers=auto: growing to 2" in m for m in said), said
+    assert any("workers=auto: back to 1 workers" in m and "took the loop's CPU" in m for m in said), said
+    assert workers == 1 and 2 in counts and counts[-1] == 1

@@ -92,6 +92,17 @@ def test_two_numa_nodes_put_the_training_process_and_the_first_workers_on_the_gp
     assert p.trainer == (8, 9)  # node 1's first cores
     assert [c[0] for c in p.worker_cores] == [10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7]
     assert placed(root).trainer == (0, 1)  # no GPU: node 0 first
+    assert "the GPU's NUMA node 1 first" in placed(root, gpu_node=node).describe()
+
+
+def test_a_plain_cuda_device_is_the_current_gpu_whose_node_placement_looks_up():
+    import torch
+
+    from feedline.loader.device.gpu import cuda_index
+
+    assert cuda_index(torch.device("cuda:3")) == 3
+    assert cuda_index(torch.device("cuda"), current=lambda: 5) == 5  # torch's current device
+    assert cuda_index(torch.device("cpu")) is None
 
 
 def test_a_cpuset_of_six_counts_six(tmp_path):
@@ -105,7 +116,9 @@ def test_a_quota_of_two_and_a_half_cpus_over_sixteen_pins_nothing_and_says_why(t
     p = placed(fake_host(tmp_path, 16, cpu_max="250000 100000"))
     assert Host.read(str(tmp_path)).quota == 2.5
     assert not p.placed and "a CPU quota of 2.5 CPUs over the 16" in p.why_not and p.worker(0) == ()
-    assert p.cpus_for_workers(2) == 2  # workers="auto" counts as it does unplaced (the quota, less one)
+    from feedline.loader.tune.autotune import usable_cpus
+
+    assert usable_cpus(str(tmp_path), allowed=set(range(16))) == (2, "a cgroup CPU quota of 2.5")  # not 16
 
 
 def test_a_cpuset_of_its_own_with_a_quota_as_large_places(tmp_path):
@@ -113,8 +126,19 @@ def test_a_cpuset_of_its_own_with_a_quota_as_large_places(tmp_path):
     assert p.trainer == (8, 9) and p.worker_cpus == tuple(range(10, 16))  # 8 cores: 2 kept
 
 
+def test_a_quota_of_six_cpus_over_sixty_four_counts_six(tmp_path):
+    from feedline.loader.tune.autotune import usable_cpus
+
+    root = fake_host(tmp_path, 64, cpu_max="600000 100000")
+    assert usable_cpus(root, allowed=set(range(64)))[0] == 6
+    assert usable_cpus(root, allowed=set(range(4)))[0] == 4  # a quota above the CPUs it may use caps nothing
+
+
 def test_a_cgroup_v1_quota_is_read_as_well(tmp_path):
-    assert Host.read(fake_host(tmp_path, 8, v1_quota=(400000, 100000), cgroup="/kubepods/pod1")).quota == 4
+    from feedline.loader.tune.autotune import usable_cpus
+
+    root = fake_host(tmp_path, 8, v1_quota=(400000, 100000), cgroup="/kubepods/pod1")
+    assert Host.read(root).quota == 4 and usable_cpus(root, allowed=set(range(8)))[0] == 4
 
 
 def test_one_core_places_nothing_and_says_why(tmp_path):
@@ -219,22 +243,26 @@ def masks_of(pid: int | str, threads: bool = False) -> set[str]:
 
 
 RUN = """
-import json, os, subprocess, sys
+import json, logging, os, re, subprocess, sys, urllib.request
 import torch
 from feedline import StagingLoader
 sys.path.insert(0, {tests!r})
 from test_placement import masks_of
 
+logging.basicConfig(level=logging.INFO)  # a script that shows the start-up log
 threads = torch.get_num_threads()
-with StagingLoader({shards!r}, batch_size=4, workers={workers!r}, spec={{"cls": "int64"}},
+with StagingLoader({shards!r}, batch_size=4, workers={workers!r}, spec={{"cls": "int64"}}, metrics_port=0,
                    cpu_placement={setting!r}, device="standin") as loader:  # a device's loader: auto places it
     it = iter(loader)
     next(it)
     kids = [int(p) for p in subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
                                             text=True).stdout.split()]
+    with urllib.request.urlopen(f"http://127.0.0.1:{{loader.metrics.port}}/metrics") as r:
+        metric = {{m[1]: float(m[2]) for m in re.finditer(r'^feedline_placed_cpus{{[^}}]*side="(\\w+)"[^}}]*}} (\\S+)',
+                                                        r.read().decode(), re.M)}}
     during = {{"trainer": sorted(masks_of(os.getpid(), threads=True)), "workers": [sorted(masks_of(k)) for k in kids],
               "placed": loader.placement.placed, "describe": loader.placement.describe(), "count": loader.workers,
-              "torch_threads": [threads, torch.get_num_threads()]}}
+              "torch_threads": [threads, torch.get_num_threads()], "metric": metric}}
     if {hold!r}:
         print("HELD " + json.dumps(during), flush=True)
         sys.stdin.readline()
@@ -272,6 +300,7 @@ def test_a_real_run_pins_the_training_process_and_its_workers_apart_and_gives_th
     proc = _run(tmp_path, shards, workers=2)
     got = _result(proc)
     proc.wait(timeout=60)
+    log = proc.stderr.read()
     cpus = sorted(os.sched_getaffinity(0))
     assert got["placed"], got["describe"]
     (trainer,) = got["trainer"]  # every thread of the training process on its CPUs
@@ -279,6 +308,8 @@ def test_a_real_run_pins_the_training_process_and_its_workers_apart_and_gives_th
     worker_cpus = {c for w in got["workers"] for mask in w for c in parse_cpus(mask)}
     assert len(got["workers"]) == 2 and not worker_cpus & set(trainer_cpus)  # no worker on a trainer's CPU
     assert set(trainer_cpus) | worker_cpus == set(cpus)
+    assert log.count("CPU placement: the training process on") == 1 and got["describe"] in log  # once, at start
+    assert got["metric"] == {"trainer": len(trainer_cpus), "workers": len(worker_cpus)}  # feedline_placed_cpus
     assert got["after"] == [format_cpus(cpus)]  # the masks given back when the loader closed
     before, during = got["torch_threads"]  # torch's pool cut to the pinned cores (its threads would take turns)
     assert during == min(len(trainer_cpus), before) and got["torch_threads_after"] == before  # then given back
@@ -392,3 +423,37 @@ def test_a_bad_placement_setting_is_refused_at_start_naming_the_setting_and_its_
     said = out.stdout + out.stderr
     assert out.returncode == 2 and "FEEDLINE_CPU_PLACEMENT" in said, said
     assert said.count("'trainer=0-1'") == 1 and "name both sides" in said, said
+
+
+def _doctor_row(args: list[str], name: str = "CPU placement") -> tuple[str, str]:
+    """``feedline doctor``'s row ``name``: its status and its detail, the table's wrapped lines joined."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    out = subprocess.run([sys.executable, "-m", "feedline", "doctor", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    lines = [line.split("│")[1:-1] for line in out.stderr.splitlines() if line.startswith("│")]
+    start = next(i for i, cells in enumerate(lines) if cells[0].strip() == name)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i][0].strip()), len(lines))
+    return lines[start][1].strip(), " ".join(cells[2].strip() for cells in lines[start:end])
+
+
+@pytest.mark.serial  # it claims the CPUs for a moment
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_doctor_prints_the_placement_the_flag_asks_for_and_the_cpus_this_process_may_use():
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    status, detail = _doctor_row(["--cpu-placement", f"trainer={first};workers={second}"])
+    assert status == "ok"
+    assert f"the training process on CPU {first}, the workers on CPU {second}" in detail, detail
+    assert f"this process may use {len(os.sched_getaffinity(0))} CPUs" in detail and "a core" in detail, detail
+
+
+@pytest.mark.serial
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_doctor_shows_what_auto_places_for_a_gpu_and_that_a_cpu_step_is_left_alone():
+    status, detail = _doctor_row(["--device", "cuda"])  # no GPU here: the plan a GPU's loader would get
+    assert status == "ok" and "the training process on CPU" in detail, detail
+    status, detail = _doctor_row(["--device", "cpu"])
+    assert status == "skip" and "the batches stay on the CPU" in detail, detail

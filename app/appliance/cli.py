@@ -238,11 +238,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    cfg = Config.load(args)
-    _setup_logging("WARNING")
     from .doctor import run
 
-    return run(cfg, console)
+    _setup_logging("WARNING")
+    return run(Config.load(args), console)
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
@@ -345,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="preflight: /dev/shm, memory limits, GPU, pillow-simd, Docker")
     Config.add_arguments(p, (), extra=("cache", "budget", "policy", "replace_fraction", "fetch_threads", "workers",
-                                       "transfer_threads", "ring_slots", "batch_size", "image_size"))
+                                       "transfer_threads", "ring_slots", "batch_size", "image_size", "device",
+                                       "cpu_placement", "trainer_cores"))
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("dashboard", help="write the Grafana dashboard JSON generated from code")

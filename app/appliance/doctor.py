@@ -30,10 +30,15 @@ def _check_crop_decoder() -> Check:
 
 def _check_placement(cfg: Config) -> Check:
     """Where the training process and its workers would run here (``cpu_placement``), and why not."""
+    import torch
+
     from ..loader.cpus.placement import for_this_process
+    from ..loader.device.gpu import cuda_index
 
     try:
-        placed = for_this_process(cfg.cpu_placement, cfg.trainer_cores or None, cfg.resolved_device() != "cpu")
+        device = cfg.resolved_device()
+        gpu = cuda_index(torch.device(device)) if device.startswith("cuda") and torch.cuda.is_available() else None
+        placed = for_this_process(cfg.cpu_placement, cfg.trainer_cores or None, device != "cpu", gpu)
         for c in placed.claims:  # a look, not a run: nothing stays claimed
             c.close()
     except SettingError as exc:

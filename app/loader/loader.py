@@ -36,7 +36,7 @@ from .cost import CostSnapshot, TrainerCost
 from .cpus.pinning import ProcessPins
 from .cpus.placement import for_this_process
 from .device.device_decode import DeviceDecoder, compressed_spec, worker_decode
-from .device.gpu import CudaGpu, Gpu
+from .device.gpu import CudaGpu, Gpu, cuda_index
 from .device.handoff import DirectCopy, DirectHandOff, cpu_ring_slots
 from .device.slots import DeviceSlots
 from .device.standin import StandInGpu
@@ -201,7 +201,7 @@ class StagingLoader(LoaderEpochs):
         first = self._wait_for_shards(s.min_shards, max(0.1, s.wait_timeout - waited))
         self.auto_workers = s.workers == AUTO
         self.placement = for_this_process(s.cpu_placement, s.trainer_cores, on_device,  # cpus/placement.py
-                                          self.device.index if self.device.type == "cuda" else None)
+                                          cuda_index(self.device))
         threads_per_worker = int(getattr(transform, "threads_per_worker", 1))
         generators_of(transform)  # a transform's class that declares what no worker seeds is refused here
         placed = len(self.placement.worker_cpus) if self.placement.placed else None

@@ -46,6 +46,7 @@ class Placement:
     why_not: str = ""  # why nothing is pinned ("" when placed, or when placement is off)
     host: Host | None = None
     share: tuple[tuple[int, ...], ...] = ()  # the rank's cores
+    gpu_node: int | None = None  # the GPU's NUMA node, put first (None: no GPU, or the kernel does not say)
     claims: tuple[Any, ...] = field(default=(), compare=False, repr=False)  # the trainer CPUs' claims (pinning.py)
 
     @property
@@ -73,9 +74,11 @@ class Placement:
         host = self.host
         smt = f", {host.siblings} threads a core" if host is not None and host.siblings > 1 else ""
         quota = f", a quota of {host.quota:g} CPUs" if host is not None and host.quota is not None else ""
+        nodes = len(set(host.nodes.values())) if host is not None else 1
+        gpu = f", the GPU's NUMA node {self.gpu_node} first" if self.gpu_node is not None and nodes > 1 else ""
         cores = len(self.worker_cores)
         return (f"CPU placement: the training process on {_cpus(self.trainer)}, the workers on "
-                f"{_cpus(self.worker_cpus)} ({cores} core{'s' if cores != 1 else ''}, one a worker{smt}{quota})")
+                f"{_cpus(self.worker_cpus)} ({cores} core{'s' if cores != 1 else ''}, one a worker{smt}{quota}{gpu})")
 
 
 def _cpus(cpus: tuple[int, ...]) -> str:
@@ -108,7 +111,7 @@ def plan(host: Host, setting: str = "auto", trainer_cores: int | None = None, lo
                                  f"the {reserve} the training process keeps: nothing left to place the workers on",
                          host=host, share=tuple(share))
     trainer = tuple(sorted(c for core in share[:reserve] for c in core))
-    return Placement(trainer, tuple(share[reserve:]), host=host, share=tuple(share))
+    return Placement(trainer, tuple(share[reserve:]), host=host, share=tuple(share), gpu_node=gpu_node)
 
 
 def _share(host: Host, local_rank: int, local_world: int) -> tuple[list[tuple[int, ...]], int, str]:
@@ -187,7 +190,7 @@ def _explicit(host: Host, setting: str) -> Placement:
 def for_this_process(setting: str, trainer_cores: int | None, on_device: bool = False,
                      gpu_index: int | None = None) -> Placement:
     """The plan for this process, with its claims: its host, its local rank (torchrun's ``LOCAL_RANK`` and
-    ``LOCAL_WORLD_SIZE``), the GPU's NUMA node (``gpu_index``: its CUDA device); logged once.
+    ``LOCAL_WORLD_SIZE``), the GPU's NUMA node (``gpu_index``: its CUDA device, ``cuda_index``); logged once.
 
     ``auto`` places a loader that feeds a device (CUDA, or the stand-in): its launching threads are what the
     cores are kept for; a loader whose batches stay on the CPU is left where it is (a CPU training step runs
@@ -208,7 +211,7 @@ def for_this_process(setting: str, trainer_cores: int | None, on_device: bool = 
         rank, world = _local_rank()
     except (OSError, AttributeError, ValueError) as exc:  # not Linux, a /proc it cannot read, LOCAL_RANK=x
         return _logged(Placement(why_not=f"this host's CPUs cannot be read ({exc})"))
-    node = gpu_node(index=gpu_index) if on_device and gpu_index is not None else None
+    node = gpu_node(index=gpu_index) if gpu_index is not None else None
     out = plan(host, setting, trainer_cores, rank, world, node)
     if not out.placed:
         return _logged(out)

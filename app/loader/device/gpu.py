@@ -10,7 +10,7 @@ after start-up are counted as per-batch objects, and a host thread blocking on t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -71,12 +71,19 @@ class Gpu(Protocol):
         """Undo ``pin`` once every copy has landed (at close)."""
 
 
+def cuda_index(device: torch.device, current: Callable[[], int] = torch.cuda.current_device) -> int | None:
+    """The CUDA device ``device`` names, plain ``cuda`` being the current one (what its tensors go to); None
+    for a device that is not CUDA. Its NUMA node is where CPU placement keeps the training process."""
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else current()
+
+
 class CudaGpu:
     """``Gpu`` on a CUDA device through torch.cuda."""
 
     def __init__(self, device: torch.device, cost: TrainerCost):
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device("cuda", cuda_index(device))
         self.device = device
         self._cost = cost
         self._pinned: int | None = None

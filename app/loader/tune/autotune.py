@@ -36,13 +36,17 @@ def cgroup_cpus(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
     return int(quota) / int(period)
 
 
-def usable_cpus() -> tuple[int, str]:
-    """CPUs this process can run on (the mask it had before a loader pinned it), and how that was found."""
-    try:
-        affinity = len(ProcessPins.original())
-    except AttributeError:  # not Linux
-        affinity = os.cpu_count() or 1
-    quota = cpu_quota()
+def usable_cpus(root: str = "/", allowed: set[int] | None = None) -> tuple[int, str]:
+    """CPUs this process can run on (``allowed``: by default the mask it had before a loader pinned it), capped
+    by the cgroup's quota under ``root``, and how that was found."""
+    if allowed is not None:
+        affinity = len(allowed)
+    else:
+        try:
+            affinity = len(ProcessPins.original())
+        except AttributeError:  # not Linux
+            affinity = os.cpu_count() or 1
+    quota = cpu_quota(root)
     if quota is not None and quota < affinity:
         return max(1, math.floor(quota)), f"a cgroup CPU quota of {quota:g}"
     return affinity, f"{affinity} CPUs in this process's affinity"

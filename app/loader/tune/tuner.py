@@ -109,7 +109,8 @@ def slowed(before: tuple[int, float, float], workers: int, w: Window) -> Decisio
 
 class CpuMeter:
     """CPUs left idle since the last reading: this process's affinity in ``/proc/stat``, capped by the
-    cgroup's quota less its use (``cpu.stat``)."""
+    cgroup's quota less its use (v2 ``cpu.max`` and ``cpu.stat``; v1 ``cpu.cfs_quota_us`` and
+    ``cpuacct.usage``)."""
 
     def __init__(self, stat: str = "/proc/stat", cgroup: str = "/sys/fs/cgroup", cpus: set[int] | None = None):
         self._stat, self._cgroup = stat, cgroup
@@ -120,6 +121,9 @@ class CpuMeter:
                 cpus = set(range(os.cpu_count() or 1))
         self._cpus = cpus
         self._quota = cgroup_cpus(os.path.join(cgroup, "cpu.max"))
+        if self._quota is None:  # cgroup v1: cpu.cfs_quota_us / cpu.cfs_period_us
+            quota, period = _v1(cgroup, "cpu.cfs_quota_us"), _v1(cgroup, "cpu.cfs_period_us")
+            self._quota = quota / period if quota is not None and quota > 0 and period else None
         self._last = self._read()
 
     def _read(self) -> tuple[float, float, float, float]:
@@ -136,7 +140,7 @@ class CpuMeter:
                     total += sum(ticks)
         except (OSError, ValueError, IndexError):
             pass
-        used = 0.0
+        used = None
         try:
             with open(os.path.join(self._cgroup, "cpu.stat")) as f:
                 for line in f:
@@ -144,6 +148,8 @@ class CpuMeter:
                         used = int(line.split()[1]) / 1e6
         except (OSError, ValueError):
             pass
+        if used is None:  # cgroup v1: cpuacct.usage, nanoseconds
+            used = (_v1(self._cgroup, "cpuacct.usage") or 0) / 1e9
         return time.monotonic(), idle, total, used
 
     def idle_cpus(self) -> float:
@@ -155,6 +161,17 @@ class CpuMeter:
         if self._quota is not None and t1 > t0:
             idle = min(idle, self._quota - (used1 - used0) / (t1 - t0))
         return max(0.0, idle)
+
+
+def _v1(cgroup: str, name: str) -> int | None:
+    """A cgroup v1 number of the cpu / cpuacct controllers (mounted together or apart), or None."""
+    for controller in ("cpu,cpuacct", "cpu", "cpuacct"):
+        try:
+            with open(os.path.join(cgroup, controller, name)) as f:
+                return int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 class WorkerTuner:
