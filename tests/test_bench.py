@@ -133,6 +133,8 @@ def test_the_placement_rows_beside_run_the_loader_at_full_tilt_while_the_step_ne
     assert beside["batches_beside"] >= 1 and beside["wait_share"] == 0.0  # the loader ran; the step never waited
     assert "batches_beside" not in fed and fed["wait_share"] > 0  # fed: a batch before each step, and a wait
     assert beside["workers"] == fed["workers"] == 1 and beside["steps"] > 0 and fed["steps"] > 0
+    # the training process's CPU the loader took while the step ran: its threads, and the stand-in's copies
+    assert 0 < beside["standin_copy_share"] < 1 and 0 < beside["loader_cpu_share"] < 1, beside
 
 
 def test_the_placement_target_judges_the_defaults_beside_the_loader_at_full_tilt_and_shows_the_fed_wait():
@@ -143,12 +145,16 @@ def test_the_placement_target_judges_the_defaults_beside_the_loader_at_full_tilt
                 "rounds": [{"samples_per_s": 32e3 / ms}]}
 
     section = {"ops": 1000, "batch_size": 32, "rows": {ALONE: row(8.0), PLACED: row(8.2), FED: row(10.0, 0.7)}}
+    section["rows"][PLACED].update(loader_cpu_share=0.015, standin_copy_share=0.04)
     targets = {t["target"]: t for t in placement_targets(section)}
     judged = [t for t in targets.values() if t["met"] is not None]
     assert len(judged) == 1 and "at full tilt" in judged[0]["target"] and judged[0]["met"]  # 8.0 / 8.2 = 0.98
     assert targets[f"placement: the step {FED} vs alone (a row)"]["met"] is None  # shown, not judged
+    copies = next(t for t in targets.values() if "the stand-in's copies left" in t["target"])
+    assert copies["met"] is None and copies["value"].startswith("1.02x (the copies 4.0% of the core)")  # 0.98/0.96
     table = "\n".join(markdown_lines(section))
     assert f"| {FED} | 10.00 (10.00-10.00) | 0.80x" in table and "| 70% |" in table
+    assert f"| {PLACED} | 8.20 (8.20-8.20) | 0.98x | 0% | 1.5% | 4.0% |" in table
 
 
 def test_rounds_interleave_in_a_rotating_order_after_a_warm_up_and_report_medians_and_ranges():

@@ -57,7 +57,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 next(batches)
             step(x)
         times: list[float] = []
-        t_end = time.perf_counter() + args.seconds
+        cost0 = loader.cost() if loader is not None else None
+        t_start = time.perf_counter()
+        t_end = t_start + args.seconds
         while time.perf_counter() < t_end:
             if batches is not None:
                 w0 = time.perf_counter()
@@ -70,7 +72,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out: dict[str, Any] = {"row": args.row, "ops": args.ops, "steps": len(times), "step_ms": step_ms,
                                "samples_per_s": args.batch_size * 1e3 / step_ms,  # what the step alone runs at
                                "wait_share": waited / (waited + sum(times)) if times else 0.0}
-        if loader is not None:
+        if loader is not None and cost0 is not None:
+            spent, wall = loader.cost().since(cost0), time.perf_counter() - t_start
+            # the training process's share of its cores spent by the loader: its threads, and the stand-in's copies
+            # (on a GPU a copy engine's, here a memcpy on the thread that takes the batch: on the step's cores)
+            out["loader_cpu_share"] = spent.cpu_total / wall
+            out["standin_copy_share"] = spent.standin_seconds / wall
             out["workers"] = loader.workers
             out["placement"] = loader.placement.describe()
             out["trainer_cpus"] = list(loader.placement.trainer)
