@@ -13,14 +13,6 @@ from feedline.errors import SettingError
 from feedline.loader.tune import autotune, tuner
 
 
-def test_a_cgroup_quota_is_read_in_cpus(tmp_path):
-    (tmp_path / "limited").write_text("150000 100000\n")
-    (tmp_path / "unlimited").write_text("max 100000\n")
-    assert autotune.cgroup_cpus(str(tmp_path / "limited")) == 1.5
-    assert autotune.cgroup_cpus(str(tmp_path / "unlimited")) is None
-    assert autotune.cgroup_cpus(str(tmp_path / "absent")) is None
-
-
 def test_auto_allows_all_cpus_but_one_for_the_training_loop_and_starts_with_half(monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     cpus, _ = autotune.usable_cpus()
@@ -126,41 +118,55 @@ def test_a_wait_with_batches_decoded_ahead_is_not_a_reason_to_grow():
     assert (d.workers, d.final) == (3, False)
 
 
-def test_the_cpu_meter_reads_idle_time_of_its_own_cpus_and_the_cgroup_quota(tmp_path):
-    stat, cgroup = tmp_path / "stat", tmp_path / "cg"
-    cgroup.mkdir()
+def _cgroup_tree(root, v1: bool = False, quota: int | None = None) -> str:
+    """A /proc/self/cgroup and the cgroup files of a process at its cgroup's root: v2's, or v1's cpu,cpuacct."""
+    (root / "proc/self").mkdir(parents=True)
+    folder = root / "sys/fs/cgroup" / ("cpu,cpuacct" if v1 else "")
+    folder.mkdir(parents=True, exist_ok=True)
+    (root / "proc/self/cgroup").write_text("4:cpu,cpuacct:/\n" if v1 else "0::/\n")
+    if quota is not None and v1:
+        (folder / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+        (folder / "cpu.cfs_period_us").write_text("100000\n")
+    elif quota is not None:
+        (folder / "cpu.max").write_text(f"{quota} 100000\n")
+    return str(root)
 
-    def write(idle0, idle1, busy1, usage_usec):  # cpu0 and cpu1 are ours, cpu2 is not
+
+def _use(root, seconds: float, v1: bool = False) -> None:
+    if v1:
+        (root / "sys/fs/cgroup/cpu,cpuacct/cpuacct.usage").write_text(f"{int(seconds * 1e9)}\n")
+    else:
+        (root / "sys/fs/cgroup/cpu.stat").write_text(f"usage_usec {int(seconds * 1e6)}\nuser_usec 0\n")
+
+
+def test_the_cpu_meter_reads_idle_time_of_its_own_cpus(tmp_path):
+    stat, root = tmp_path / "stat", _cgroup_tree(tmp_path / "root")
+
+    def write(idle0, idle1, busy1):  # cpu0 and cpu1 are ours, cpu2 is not
         stat.write_text(f"cpu  1 2 3 4 5 6 7 8 0 0\ncpu0 0 0 0 {idle0} 0 0 0 0 0 0\n"
                         f"cpu1 {busy1} 0 0 {idle1} 0 0 0 0 0 0\ncpu2 0 0 0 99999 0 0 0 0 0 0\n")
-        (cgroup / "cpu.stat").write_text(f"usage_usec {usage_usec}\nuser_usec 0\n")
 
-    write(0, 0, 0, 0)
-    meter = tuner.CpuMeter(str(stat), str(cgroup), cpus={0, 1})
-    write(100, 50, 50, 0)  # cpu0 all idle, cpu1 half idle: 1.5 CPUs idle
+    write(0, 0, 0)
+    meter = tuner.CpuMeter(str(stat), root, cpus={0, 1})
+    write(100, 50, 50)  # cpu0 all idle, cpu1 half idle: 1.5 CPUs idle
     assert meter.idle_cpus() == pytest.approx(1.5)
-    (cgroup / "cpu.max").write_text("100000 100000\n")  # a quota of one CPU, fully used since
-    meter = tuner.CpuMeter(str(stat), str(cgroup), cpus={0, 1})
+
+
+@pytest.mark.parametrize("v1", [False, True], ids=["cgroup-v2", "cgroup-v1"])
+def test_the_cpu_meter_caps_idle_cpus_by_the_cgroups_quota_less_its_use(tmp_path, v1):
+    stat, root = tmp_path / "stat", tmp_path / "root"
+    _cgroup_tree(root, v1=v1, quota=100000)  # one CPU
+    stat.write_text("cpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
+    _use(root, 0.0, v1)
+    meter = tuner.CpuMeter(str(stat), str(root), cpus={0, 1})
     time.sleep(0.2)
-    write(200, 100, 100, 10_000_000)
+    stat.write_text("cpu0 0 0 0 100 0 0 0 0 0 0\ncpu1 0 0 0 100 0 0 0 0 0 0\n")  # both idle by /proc/stat
+    _use(root, 10.0, v1)  # but the cgroup used its one CPU's worth, and more
     assert meter.idle_cpus() == 0.0
-
-
-def test_the_cpu_meter_reads_a_cgroup_v1_quota_and_use(tmp_path):
-    stat, cgroup = tmp_path / "stat", tmp_path / "cg"
-    (cgroup / "cpu,cpuacct").mkdir(parents=True)
-    (cgroup / "cpu,cpuacct" / "cpu.cfs_quota_us").write_text("100000\n")  # one CPU
-    (cgroup / "cpu,cpuacct" / "cpu.cfs_period_us").write_text("100000\n")
-
-    def write(idle, usage_ns):  # both CPUs idle by /proc/stat; the cgroup used its quota
-        stat.write_text(f"cpu0 0 0 0 {idle} 0 0 0 0 0 0\ncpu1 0 0 0 {idle} 0 0 0 0 0 0\n")
-        (cgroup / "cpu,cpuacct" / "cpuacct.usage").write_text(f"{usage_ns}\n")
-
-    write(0, 0)
-    meter = tuner.CpuMeter(str(stat), str(cgroup), cpus={0, 1})
+    _use(root, 10.0, v1)  # nothing used since: the quota's one CPU is idle, not the two /proc/stat says
     time.sleep(0.2)
-    write(100, 10_000_000_000)
-    assert meter.idle_cpus() == 0.0  # 2 by /proc/stat alone
+    stat.write_text("cpu0 0 0 0 200 0 0 0 0 0 0\ncpu1 0 0 0 200 0 0 0 0 0 0\n")
+    assert meter.idle_cpus() == pytest.approx(1.0)
 
 
 ID_SPEC = {"cls": "int64", "bin": ("uint8", (64,))}
@@ -282,7 +288,7 @@ def test_auto_goes_back_to_one_worker_when_the_second_slows_the_loops_step_and_l
     """The whole path of the rule (tuner.slowed) in a real loader: the loop's step is made 10x slower while two
     workers run (as a launching thread is when workers share its core), so a batch comes no sooner with them:
     the rest of the epoch goes back to one worker, every sample once."""
-    shards = id_shards(str(tmp_path / "ids"), shards=8, per_shard=400)
+    shards = id_shards(str(tmp_path / "ids"), shards=8, per_shard=600)  # long enough for a slow worker start
     counts = []
     with caplog.at_level(logging.INFO, logger="feedline.loader"):
         with StagingLoader(shards, batch_size=8, workers="auto", max_workers=2, spec=ID_SPEC,
@@ -294,7 +300,7 @@ def test_auto_goes_back_to_one_worker_when_the_second_slows_the_loops_step_and_l
                 time.sleep(0.004 if loader.workers == 1 else 0.04)
             workers = loader.workers
     said = [r.getMessage() for r in caplog.records]
-    assert sorted(ids) == list(range(3200))
+    assert sorted(ids) == list(range(4800))
     assert any("workers=auto: growing to 2" in m for m in said), said
     assert any("workers=auto: back to 1 workers" in m and "took the loop's CPU" in m for m in said), said
     assert workers == 1 and 2 in counts and counts[-1] == 1

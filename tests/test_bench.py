@@ -150,8 +150,6 @@ def test_the_placement_target_judges_the_defaults_beside_the_loader_at_full_tilt
     judged = [t for t in targets.values() if t["met"] is not None]
     assert len(judged) == 1 and "at full tilt" in judged[0]["target"] and judged[0]["met"]  # 8.0 / 8.2 = 0.98
     assert targets[f"placement: the step {FED} vs alone (a row)"]["met"] is None  # shown, not judged
-    copies = next(t for t in targets.values() if "the stand-in's copies left" in t["target"])
-    assert copies["met"] is None and copies["value"].startswith("1.02x (the copies 4.0% of the core)")  # 0.98/0.96
     table = "\n".join(markdown_lines(section))
     assert f"| {FED} | 10.00 (10.00-10.00) | 0.80x" in table and "| 70% |" in table
     assert f"| {PLACED} | 8.20 (8.20-8.20) | 0.98x | 0% | 1.5% | 4.0% |" in table

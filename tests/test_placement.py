@@ -66,7 +66,7 @@ def test_two_cpus_give_one_to_the_training_process_and_one_to_the_workers(tmp_pa
     p = placed(fake_host(tmp_path, 2))
     assert p.trainer == (0,) and p.worker_cores == ((1,),)
     assert p.worker(0) == (1,) and p.worker(3) == (1,)  # a worker past the cores: all the workers' CPUs
-    assert p.cpus_for_workers(2) == 1
+    assert len(p.worker_cpus) == 1
 
 
 def test_sixteen_vcpus_as_eight_cores_keep_two_whole_cores_for_the_training_process(tmp_path):
@@ -75,7 +75,7 @@ def test_sixteen_vcpus_as_eight_cores_keep_two_whole_cores_for_the_training_proc
     p = plan(host)
     assert p.trainer == (0, 1, 8, 9)  # both hyperthreads of cores 0 and 1: no worker on a launching core's sibling
     assert p.worker_cores == ((2, 10), (3, 11), (4, 12), (5, 13), (6, 14), (7, 15))
-    assert p.worker(0) == (2, 10) and p.cpus_for_workers(16) == 12
+    assert p.worker(0) == (2, 10) and len(p.worker_cpus) == 12
     assert "the training process on CPUs 0-1,8-9" in p.describe() and "2 threads a core" in p.describe()
 
 
@@ -108,7 +108,7 @@ def test_a_plain_cuda_device_is_the_current_gpu_whose_node_placement_looks_up():
 def test_a_cpuset_of_six_counts_six(tmp_path):
     root = fake_host(tmp_path, 64, allowed="10-15", cpuset="10-15", cpu_max="max 100000")
     p = placed(root)
-    assert p.trainer == (10,) and p.worker_cpus == (11, 12, 13, 14, 15) and p.cpus_for_workers(6) == 5
+    assert p.trainer == (10,) and p.worker_cpus == (11, 12, 13, 14, 15)  # workers="auto": 5
 
 
 def test_a_quota_of_two_and_a_half_cpus_over_sixteen_pins_nothing_and_says_why(tmp_path):
@@ -143,7 +143,7 @@ def test_a_cgroup_v1_quota_is_read_as_well(tmp_path):
 
 def test_one_core_places_nothing_and_says_why(tmp_path):
     one = placed(fake_host(tmp_path / "one", 1))
-    assert not one.placed and "1 CPU" in one.describe() and one.cpus_for_workers(1) == 1
+    assert not one.placed and "1 CPU" in one.describe() and one.worker(0) == ()
 
 
 def test_eight_local_ranks_each_get_a_share_of_their_own(tmp_path):
@@ -180,7 +180,7 @@ def test_explicit_lists_are_taken_as_written_and_checked(tmp_path):
 
 def test_off_pins_nothing(tmp_path):
     p = placed(fake_host(tmp_path, 16), setting="off")
-    assert not p.placed and p.describe() == "CPU placement: off" and p.cpus_for_workers(16) == 16
+    assert not p.placed and p.describe() == "CPU placement: off" and p.worker_cpus == ()
 
 
 def test_this_hosts_own_tree_reads(tmp_path):
@@ -249,7 +249,7 @@ from feedline import StagingLoader
 sys.path.insert(0, {tests!r})
 from test_placement import masks_of
 
-logging.basicConfig(level=logging.INFO)  # a script that shows the start-up log
+logging.basicConfig(level=logging.INFO, filename={log!r})  # a script that keeps the start-up log
 threads = torch.get_num_threads()
 with StagingLoader({shards!r}, batch_size=4, workers={workers!r}, spec={{"cls": "int64"}}, metrics_port=0,
                    cpu_placement={setting!r}, device="standin") as loader:  # a device's loader: auto places it
@@ -271,13 +271,14 @@ print("RESULT " + json.dumps({{**during, "after": sorted(masks_of(os.getpid(), t
 """
 
 
-def _run(tmp_path, shards, setting="auto", workers="auto", hold=False):
+def _run(tmp_path, shards, setting="auto", workers="auto", hold=False, log=os.devnull):
     import subprocess
     import sys
 
     from helpers import ROOT
 
-    code = RUN.format(tests=os.path.dirname(__file__), shards=shards, workers=workers, setting=setting, hold=hold)
+    code = RUN.format(tests=os.path.dirname(__file__), shards=shards, workers=workers, setting=setting, hold=hold,
+                      log=log)
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -297,10 +298,10 @@ def test_a_real_run_pins_the_training_process_and_its_workers_apart_and_gives_th
     from helpers import id_shards
 
     shards = id_shards(str(tmp_path / "ids"), shards=4, per_shard=16)
-    proc = _run(tmp_path, shards, workers=2)
+    proc = _run(tmp_path, shards, workers=2, log=str(tmp_path / "log"))
     got = _result(proc)
     proc.wait(timeout=60)
-    log = proc.stderr.read()
+    log = (tmp_path / "log").read_text()
     cpus = sorted(os.sched_getaffinity(0))
     assert got["placed"], got["describe"]
     (trainer,) = got["trainer"]  # every thread of the training process on its CPUs
@@ -435,7 +436,8 @@ def _doctor_row(args: list[str], name: str = "CPU placement") -> tuple[str, str]
     out = subprocess.run([sys.executable, "-m", "feedline", "doctor", *args], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     lines = [line.split("│")[1:-1] for line in out.stderr.splitlines() if line.startswith("│")]
-    start = next(i for i, cells in enumerate(lines) if cells[0].strip() == name)
+    start = next((i for i, cells in enumerate(lines) if cells[0].strip() == name), None)
+    assert start is not None, f"no {name!r} row (exit {out.returncode}): {out.stderr[-3000:]}"
     end = next((i for i in range(start + 1, len(lines)) if lines[i][0].strip()), len(lines))
     return lines[start][1].strip(), " ".join(cells[2].strip() for cells in lines[start:end])
 

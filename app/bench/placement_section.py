@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .placement_bench import IMAGE
 from .rounds import Contender, fmt_ratio, interleaved, ratio
 
 ALONE = "the step alone"
@@ -80,10 +81,11 @@ def markdown_lines(section: dict[str, Any]) -> list[str]:
                         "the loop takes a batch before each step, as a training loop does, and waits when none is "
                         "ready. Placed, the training process keeps cores of its own and the workers run on the "
                         "others ([loader.md](loader.md#cpu-placement)). The loader's threads and the stand-in's "
-                        "copies are CPU time a second of the timed part, both in the training process: placed, on "
-                        "the step's own core. The stand-in device copies each batch (32 x 224 x 224 x 3 bytes) with "
-                        "a memcpy on the thread that takes it, where a GPU's copy engine would: a cost a GPU host's "
-                        "launching core does not pay, which the target's row pays here.", ""]
+                        "copies are CPU time a second of the timed part (the median of the rounds), both in the "
+                        "training process: placed, on the step's own core. The stand-in device copies each batch "
+                        f"({section['batch_size']} x {IMAGE} x {IMAGE} x 3 bytes) with a memcpy on the thread that "
+                        "takes it, where a GPU's copy engine would: a cost a GPU host's launching core does not pay, "
+                        "which the rows pay here.", ""]
 
 
 def placement_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
@@ -97,9 +99,4 @@ def placement_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"target": "placement: a launch-bound step beside the loader at full tilt with the defaults "
                               "(workers=\"auto\", cpu_placement=\"auto\") >= 95 % of alone",
                     "value": fmt_ratio(r), "met": r[0] >= 0.95})
-        copies = section["rows"][PLACED].get("standin_copy_share")
-        if copies is not None:  # what a GPU's copy engine would have taken off the step's core
-            out.append({"target": "placement: the same, over the share of the core the stand-in's copies left the "
-                                  "step (a GPU's copy engine does them; a row)",
-                        "value": f"{r[0] / (1 - copies):.2f}x (the copies {copies:.1%} of the core)", "met": None})
     return out

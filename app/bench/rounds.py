@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 METRICS = ("samples_per_s", "mb_per_s", "main_cpu_pct", "starvation", "draft_samples_per_s", "trainer_ms_per_batch",
-           "step_ms", "speed", "workers_cpu_pct")
+           "step_ms", "speed", "workers_cpu_pct", "wait_share", "loader_cpu_share", "standin_copy_share")
 
 
 @dataclass(frozen=True)

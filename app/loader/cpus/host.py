@@ -185,6 +185,38 @@ def cpu_quota(root: str = "/") -> float | None:
     return _quota(root)
 
 
+def cpu_usage_file(root: str = "/") -> tuple[str, float] | None:
+    """This process's cgroup's CPU-use file and its unit in seconds (v2 ``cpu.stat``'s ``usage_usec``, 1e-6;
+    v1 ``cpuacct.usage``, 1e-9), the nearest on the way to the root that has one; None where there is none."""
+    groups = _cgroups(root)
+    base = os.path.join(root, "sys/fs/cgroup")
+    if "" in groups:
+        for folder in _walk(base, groups[""]):
+            path = os.path.join(folder, "cpu.stat")
+            if "usage_usec " in (_read(path) or ""):
+                return path, 1e-6
+    if "cpuacct" in groups:
+        for mount in (os.path.join(base, "cpu,cpuacct"), os.path.join(base, "cpuacct")):
+            for folder in _walk(mount, groups["cpuacct"]):
+                path = os.path.join(folder, "cpuacct.usage")
+                if _read(path):
+                    return path, 1e-9
+    return None
+
+
+def cpu_used(file: tuple[str, float]) -> float | None:
+    """CPU seconds the cgroup has used, read from ``cpu_usage_file``'s file; None if it cannot be read."""
+    path, unit = file
+    for line in (_read(path) or "").splitlines():
+        words = line.split()
+        if len(words) == 1 or words[0] == "usage_usec":
+            try:
+                return int(words[-1]) * unit
+            except ValueError:
+                return None
+    return None
+
+
 def gpu_node(root: str = "/", address: str | None = None, index: int | None = None) -> int | None:
     """The NUMA node of the GPU at PCI ``address`` (``0000:3b:00.0``), or of CUDA device ``index`` (the current
     one by default); None where unknown (no CUDA, one node, a kernel that says -1)."""
@@ -208,7 +240,10 @@ def cuda_address(index: int | None = None) -> str | None:
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available():
         return None
-    p = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
+    index = torch.cuda.current_device() if index is None else index
+    if not 0 <= index < torch.cuda.device_count():  # cuda:N of a GPU this process does not see
+        return None
+    p = torch.cuda.get_device_properties(index)
     bus, device, domain = (getattr(p, a, None) for a in ("pci_bus_id", "pci_device_id", "pci_domain_id"))
     if bus is None or device is None:
         return None

@@ -46,7 +46,7 @@ class Placement:
     why_not: str = ""  # why nothing is pinned ("" when placed, or when placement is off)
     host: Host | None = None
     share: tuple[tuple[int, ...], ...] = ()  # the rank's cores
-    gpu_node: int | None = None  # the GPU's NUMA node, put first (None: no GPU, or the kernel does not say)
+    gpu_node: int | None = None  # the GPU's NUMA node, put first (None: no GPU or none known, explicit lists)
     claims: tuple[Any, ...] = field(default=(), compare=False, repr=False)  # the trainer CPUs' claims (pinning.py)
 
     @property
@@ -62,10 +62,6 @@ class Placement:
         if not self.placed:
             return ()
         return self.worker_cores[k] if k < len(self.worker_cores) else self.worker_cpus
-
-    def cpus_for_workers(self, total: int) -> int:
-        """CPUs ``workers="auto"`` may fill: the workers' share when placed, else ``total``."""
-        return len(self.worker_cpus) if self.placed else total
 
     def describe(self) -> str:
         """One line for the log and ``feedline doctor``."""

@@ -24,18 +24,6 @@ from ..cpus.pinning import ProcessPins
 AUTO = "auto"
 
 
-def cgroup_cpus(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
-    """The cgroup v2 CPU quota in CPUs (``200000 100000`` -> 2.0), or None when there is none."""
-    try:
-        with open(path) as f:
-            quota, period = f.read().split()[:2]
-    except (OSError, ValueError):
-        return None
-    if quota == "max":
-        return None
-    return int(quota) / int(period)
-
-
 def usable_cpus(root: str = "/", allowed: set[int] | None = None) -> tuple[int, str]:
     """CPUs this process can run on (``allowed``: by default the mask it had before a loader pinned it), capped
     by the cgroup's quota under ``root``, and how that was found."""

@@ -23,8 +23,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from ..cpus.host import cpu_quota, cpu_usage_file, cpu_used
 from ..cpus.pinning import ProcessPins
-from .autotune import cgroup_cpus
 
 INTERVAL = 2.0  # seconds of the loop's time a decision looks at
 SLOWER = 0.05  # a grown pool that makes the loop's step this much slower a batch goes back to what it was
@@ -108,22 +108,20 @@ def slowed(before: tuple[int, float, float], workers: int, w: Window) -> Decisio
 
 
 class CpuMeter:
-    """CPUs left idle since the last reading: this process's affinity in ``/proc/stat``, capped by the
-    cgroup's quota less its use (v2 ``cpu.max`` and ``cpu.stat``; v1 ``cpu.cfs_quota_us`` and
-    ``cpuacct.usage``)."""
+    """CPUs left idle since the last reading: this process's affinity in ``/proc/stat``, capped by its cgroup's
+    quota less the cgroup's use (v2 ``cpu.max`` and ``cpu.stat``, v1 ``cpu.cfs_quota_us`` and ``cpuacct.usage``;
+    ``cpus/host.py`` reads them under ``root``)."""
 
-    def __init__(self, stat: str = "/proc/stat", cgroup: str = "/sys/fs/cgroup", cpus: set[int] | None = None):
-        self._stat, self._cgroup = stat, cgroup
+    def __init__(self, stat: str = "/proc/stat", root: str = "/", cpus: set[int] | None = None):
+        self._stat = stat
         if cpus is None:
             try:
                 cpus = ProcessPins.original()  # the process's CPUs before a loader pinned it
             except AttributeError:  # not Linux
                 cpus = set(range(os.cpu_count() or 1))
         self._cpus = cpus
-        self._quota = cgroup_cpus(os.path.join(cgroup, "cpu.max"))
-        if self._quota is None:  # cgroup v1: cpu.cfs_quota_us / cpu.cfs_period_us
-            quota, period = _v1(cgroup, "cpu.cfs_quota_us"), _v1(cgroup, "cpu.cfs_period_us")
-            self._quota = quota / period if quota is not None and quota > 0 and period else None
+        self._quota = cpu_quota(root)
+        self._usage = cpu_usage_file(root) if self._quota is not None else None
         self._last = self._read()
 
     def _read(self) -> tuple[float, float, float, float]:
@@ -140,16 +138,7 @@ class CpuMeter:
                     total += sum(ticks)
         except (OSError, ValueError, IndexError):
             pass
-        used = None
-        try:
-            with open(os.path.join(self._cgroup, "cpu.stat")) as f:
-                for line in f:
-                    if line.startswith("usage_usec "):
-                        used = int(line.split()[1]) / 1e6
-        except (OSError, ValueError):
-            pass
-        if used is None:  # cgroup v1: cpuacct.usage, nanoseconds
-            used = (_v1(self._cgroup, "cpuacct.usage") or 0) / 1e9
+        used = (cpu_used(self._usage) if self._usage is not None else None) or 0.0
         return time.monotonic(), idle, total, used
 
     def idle_cpus(self) -> float:
@@ -158,20 +147,9 @@ class CpuMeter:
         (t0, idle0, total0, used0), self._last = self._last, now
         t1, idle1, total1, used1 = now
         idle = len(self._cpus) * (idle1 - idle0) / (total1 - total0) if total1 > total0 else 0.0
-        if self._quota is not None and t1 > t0:
+        if self._quota is not None and t1 > t0:  # (no use file: the quota alone caps it)
             idle = min(idle, self._quota - (used1 - used0) / (t1 - t0))
         return max(0.0, idle)
-
-
-def _v1(cgroup: str, name: str) -> int | None:
-    """A cgroup v1 number of the cpu / cpuacct controllers (mounted together or apart), or None."""
-    for controller in ("cpu,cpuacct", "cpu", "cpuacct"):
-        try:
-            with open(os.path.join(cgroup, controller, name)) as f:
-                return int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue
-    return None
 
 
 class WorkerTuner:
