@@ -58,7 +58,8 @@ def test_bench_compares_every_contender_and_writes_json_and_markdown(tmp_path):
     assert s3["sampler_mb_per_s"] > 0 and s3["boto3_mb_per_s"] > 0
     for cloud, sdk in (("gcs", "google-cloud-storage"), ("azure", "azure-storage-blob")):  # issue 51's rows
         assert doc["sampler"][cloud]["sdk"] == sdk and doc["sampler"][cloud]["sampler_mb_per_s"] > 0
-        assert 0 < doc["sampler"][cloud]["machine_cores"]["sdk"] <= doc["sampler"][cloud]["cores"] + 0.5
+        # measured (from /proc/stat's 10 ms ticks: a --quick download shorter than a few of them can read 0 busy)
+        assert 0 <= doc["sampler"][cloud]["machine_cores"]["sdk"] <= doc["sampler"][cloud]["cores"] + 0.5
     training = doc["sampler"]["training"]
     assert training["prefilled"]["samples_per_s"] > 0 and training["filling"]["samples_per_s"] > 0
     assert all(len(row["rounds"]) == 1 for rows in doc["workloads"].values() for row in rows.values())
