@@ -84,10 +84,10 @@ def _order_targets(rows: dict[str, Any], workload: str, metric: str) -> list[dic
     if not before:
         return []
     r = ratio(ours, before, metric)
-    value = f"{100 * r[0]:.0f} % ({100 * r[1]:.0f}-{100 * r[2]:.0f})"
+    value = fmt_share(r)
     if stream:
         s = ratio(ours, stream, metric)
-        value += f"; vs the stream order {100 * s[0]:.0f} % ({100 * s[1]:.0f}-{100 * s[2]:.0f})"
+        value += f"; vs the stream order {fmt_share(s)}"
     unit = {"mb_per_s": "MB/s", "samples_per_s": "samples/s"}[metric]
     return [{"target": f"{workload}: the default epoch shuffle >= 95 % of the shard order's {unit} "
                        "(the rows before it)", "value": value, "met": r[0] >= 0.95}]
@@ -105,7 +105,7 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
                     "met": zc["main_cpu_pct"] <= 10})
         r = ratio(cp, zc, "mb_per_s")
         out.append({"target": "raw 1 MiB: copy mode >= 80 % of zero-copy MB/s",
-                    "value": f"{100 * r[0]:.0f} % ({100 * r[1]:.0f}-{100 * r[2]:.0f})", "met": r[0] >= 0.8})
+                    "value": fmt_share(r), "met": r[0] >= 0.8})
         out.append({"target": "raw 1 MiB: copy mode main-process CPU <= 15 % of a core", "value": _pct(cp),
                     "met": cp["main_cpu_pct"] <= 15})
         out += _peer_targets(raw, "raw 1 MiB", "mb_per_s", {"Mosaic Streaming + DataLoader": 3.0,
@@ -137,7 +137,7 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
         if mix:
             r = ratio(mix, fl)
             out.append({"target": "JPEG: a two-source mixture >= 95 % of one source's samples/s (the same data)",
-                        "value": f"{100 * r[0]:.0f} % ({100 * r[1]:.0f}-{100 * r[2]:.0f})", "met": r[0] >= 0.95})
+                        "value": fmt_share(r), "met": r[0] >= 0.95})
         pil_core, core = jpeg["1 core, draft"], jpeg.get("1 core, crop decoder", jpeg["1 core, draft"])
         if "1 core, crop decoder" in jpeg:
             r = ratio(core, pil_core)
@@ -218,7 +218,7 @@ def targets(results: dict[str, Any], workers: int) -> list[dict[str, Any]]:
     if e2e and results["e2e"]["model"] == "resnet50":
         r = ratio(e2e["feedline"], e2e[CEILING])
         out.append({"target": "e2e: ResNet-50 step fed by feedline within 5 % of synthetic data on the device",
-                    "value": f"{100 * r[0]:.0f} % ({100 * r[1]:.0f}-{100 * r[2]:.0f}) of the ceiling, starvation "
+                    "value": f"{fmt_share(r)} of the ceiling, starvation "
                              f"{e2e['feedline'].get('starvation', 0):.2f}", "met": r[0] >= 0.95})
     shuffled = {r["label"]: r for r in results.get("shuffle", {}).get("rows", [])}
     ours, stream = shuffled.get("feedline (default: the epoch, by blocks)"), shuffled.get('feedline shuffle="stream"')
